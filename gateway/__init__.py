@@ -1,0 +1,2 @@
+"""An OpenAI-compatible LLM routing gateway."""
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Provider simulator, load generator and benchmarks for the gateway."""
