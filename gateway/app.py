@@ -1,0 +1,130 @@
+"""The ASGI app: routes and error handlers only. Behaviour lives in the pipeline and its steps."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import errors
+from gateway.errors import GatewayError
+from gateway.pipeline import Pipeline
+from gateway.policy.schema import Policy
+from gateway.runtime import Runtime
+from gateway.state import SharedState
+
+log = logging.getLogger("gateway")
+_CREATED = int(time.time())
+
+
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def create_app(policy: Policy, state: SharedState | None = None) -> FastAPI:
+    runtime = Runtime(policy)
+    state = state if state is not None else SharedState.from_env()
+    pipeline = Pipeline(runtime, state)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if runtime.snapshot.keys.open:
+            log.warning(
+                "NO API KEYS CONFIGURED: the gateway is open to anyone who can reach it. "
+                "Add auth.keys to the policy or set GATEWAY_API_KEYS."
+            )
+        if state.enabled:
+            log.info("shared state: Redis at %s", state.url)
+        yield
+        await runtime.aclose()
+        await state.aclose()
+
+    app = FastAPI(
+        title="LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    app.state.runtime = runtime
+    app.state.pipeline = pipeline
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> Response:
+        return exc.to_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        return errors.bad_request(str(exc.errors()[:1])).to_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return errors.not_found("Unknown URL.", code="unknown_url").to_response()
+        if exc.status_code == 405:
+            return GatewayError(405, "Method not allowed.", code="method_not_allowed").to_response()
+        return GatewayError(exc.status_code, str(exc.detail)).to_response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unexpected error", exc_info=exc)
+        return errors.internal_error().to_response()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await pipeline.handle(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await pipeline.handle(request, "completions")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await pipeline.handle(request, "embeddings")
+
+    def _model_entry(name: str) -> dict[str, object]:
+        snap = runtime.snapshot
+        alias = snap.policy.models[name]
+        pools = {alias.pool, *alias.routes.values()}
+        members = {m for p in pools for m in snap.policy.pools[p].members}
+        simulated = bool(members) and all(snap.policy.providers[m].simulated for m in members)
+        entry: dict[str, object] = {
+            "id": name,
+            "object": "model",
+            "created": _CREATED,
+            "owned_by": alias.owned_by,
+        }
+        if simulated:
+            entry["owned_by"] = "llm-gateway (simulated providers)"
+        return entry
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        runtime.snapshot.keys.tenant_for(request.headers.get("authorization"))
+        return _json(
+            {"object": "list", "data": [_model_entry(n) for n in runtime.snapshot.policy.models]}
+        )
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> Response:
+        runtime.snapshot.keys.tenant_for(request.headers.get("authorization"))
+        if model_id not in runtime.snapshot.policy.models:
+            raise errors.model_not_found(model_id)
+        return _json(_model_entry(model_id))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        snap = runtime.snapshot
+        return _json(
+            {"status": "ready", "policy_version": snap.version, "providers": len(snap.providers)}
+        )
+
+    return app

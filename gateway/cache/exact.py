@@ -1,0 +1,109 @@
+"""Exact cache: the same request (same tenant, alias and answer-changing fields) gets the same answer.
+
+The key ignores fields that do not change the answer (`stream`, `stream_options`, `user`,
+`metadata`, ...) and key order. Values are complete chat/completions JSON bodies; a streamed answer
+is stored once complete and replayed as SSE when a streaming request hits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from typing import Any, Protocol
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.state import SharedState
+
+# Fields that never change the generated answer.
+IGNORED_FIELDS = frozenset(
+    {"stream", "stream_options", "user", "metadata", "store", "service_tier"}
+)
+
+
+class ExactSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    ttl_s: int = Field(3600, ge=1)
+    allow_nonzero_temperature: bool = Field(
+        False,
+        description="Cache sampled (temperature > 0) answers too; off = only deterministic ones.",
+    )
+
+
+def cacheable(body: dict[str, Any], settings: ExactSettings) -> bool:
+    """Only deterministic requests by default: temperature 0 (absent means 1 in the OpenAI API)."""
+    if settings.allow_nonzero_temperature:
+        return True
+    t = body.get("temperature", 1)
+    return isinstance(t, (int, float)) and t == 0
+
+
+def exact_key(
+    tenant: str, alias: str, endpoint: str, body: dict[str, Any], namespace: str = ""
+) -> str:
+    fields = {k: v for k, v in body.items() if k not in IGNORED_FIELDS}
+    canon = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+    h = hashlib.blake2b(canon, digest_size=20)
+    h.update(b"\0" + f"{tenant}\0{alias}\0{endpoint}\0{namespace}".encode())
+    return h.hexdigest()
+
+
+class Store(Protocol):
+    async def get(self, key: str) -> bytes | None: ...
+    async def set(self, key: str, value: bytes, ttl_s: int) -> None: ...
+
+
+class MemoryLRU:
+    """In-process LRU bounded in bytes, with per-entry expiry."""
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._d: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+
+    async def get(self, key: str) -> bytes | None:
+        item = self._d.get(key)
+        if item is None:
+            return None
+        expires, value = item
+        if expires < time.monotonic():
+            self._drop(key)
+            return None
+        self._d.move_to_end(key)
+        return value
+
+    async def set(self, key: str, value: bytes, ttl_s: int) -> None:
+        if len(value) > self.max_bytes:
+            return
+        if key in self._d:
+            self._drop(key)
+        self._d[key] = (time.monotonic() + ttl_s, value)
+        self.bytes += len(value) + len(key)
+        while self.bytes > self.max_bytes and self._d:
+            self._drop(next(iter(self._d)))
+
+    def _drop(self, key: str) -> None:
+        _, v = self._d.pop(key)
+        self.bytes -= len(v) + len(key)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class RedisStore:
+    """Entries shared by every replica, with Redis TTLs. A Redis failure is a miss, never an error."""
+
+    def __init__(self, state: SharedState) -> None:
+        self.state = state
+
+    async def get(self, key: str) -> bytes | None:
+        k = self.state.key("exact", key)
+        return await self.state.call(lambda r: r.get(k), None)
+
+    async def set(self, key: str, value: bytes, ttl_s: int) -> None:
+        k = self.state.key("exact", key)
+        await self.state.call(lambda r: r.set(k, value, ex=ttl_s), None)

@@ -1,0 +1,93 @@
+"""Command line: `gateway serve`, `gateway policy check FILE`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gateway.policy.loader import PolicyError, load_policy
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="An OpenAI-compatible LLM routing gateway."
+)
+policy_app = typer.Typer(no_args_is_help=True, help="Work with policy files.")
+app.add_typer(policy_app, name="policy")
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str, typer.Option(envvar="GATEWAY_HOST", help="Address to listen on.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="GATEWAY_PORT", help="Port to listen on.")] = 8080,
+    policy: Annotated[
+        Path | None,
+        typer.Option(envvar="GATEWAY_POLICY", help="Policy file; none = built-in demo."),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(envvar="GATEWAY_WORKERS", min=1, help="Worker processes.")
+    ] = 1,
+    log_level: Annotated[str, typer.Option(envvar="GATEWAY_LOG_LEVEL")] = "info",
+) -> None:
+    """Serve the OpenAI-compatible API."""
+    import uvicorn
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log = logging.getLogger("gateway")
+    fleet = None
+    if policy is None:
+        from gateway.demo import start_demo
+
+        fleet, policy = start_demo()
+        log.warning(
+            "No policy given: serving the built-in demo over SIMULATED providers (%s).", policy
+        )
+    try:
+        load_policy(policy)
+    except PolicyError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    os.environ["GATEWAY_POLICY"] = str(policy)
+    try:
+        uvicorn.run(
+            "gateway.server:build_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=log_level.lower(),
+            access_log=False,
+            loop="auto",
+            http="auto",
+        )
+    finally:
+        if fleet is not None:
+            fleet.stop()
+
+
+@policy_app.command("check")
+def policy_check(file: Annotated[Path, typer.Argument(help="Policy YAML file.")]) -> None:
+    """Validate a policy file; print every problem with its field path."""
+    try:
+        p = load_policy(file)
+    except PolicyError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        f"{file}: ok ({len(p.providers)} providers, {len(p.pools)} pools, {len(p.models)} models)"
+    )
+
+
+def main() -> None:
+    app(prog_name="gateway")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

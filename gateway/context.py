@@ -1,0 +1,39 @@
+"""Per-request context: what the gateway decided, echoed in response headers and the log line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Context:
+    request_id: str
+    start: float
+    tenant: str = "default"
+    alias: str = ""
+    endpoint: str = ""
+    stream: bool = False
+    request_class: str = ""
+    prompt_tokens: int = 0
+    pool: str = ""
+    provider: str = ""
+    attempts: int = 0
+    cache: str = "bypass"
+    similarity: float | None = None
+    degraded: bool = False
+    status: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def headers(self) -> dict[str, str]:
+        h = {"x-request-id": self.request_id, "x-gateway-cache": self.cache}
+        if self.similarity is not None:
+            h["x-gateway-cache-similarity"] = f"{self.similarity:.4f}"
+        if self.request_class:
+            h["x-gateway-class"] = self.request_class
+        if self.pool:
+            h["x-gateway-pool"] = self.pool
+            h["x-gateway-provider"] = self.provider
+            h["x-gateway-attempts"] = str(self.attempts)
+        if self.degraded:
+            h["x-gateway-degraded"] = "true"
+        return h

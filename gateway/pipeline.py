@@ -1,0 +1,191 @@
+"""One request, end to end: accept -> classify -> cache -> route -> dispatch -> recover -> record.
+
+Each step lives in its own module; this file only composes them, top to bottom.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from gateway import errors
+from gateway.accept import Accepted, Endpoint, accept
+from gateway.cache.exact import MemoryLRU, RedisStore, Store, cacheable, exact_key
+from gateway.chunks import completion_to_events
+from gateway.context import Context
+from gateway.dispatch import Dispatcher, PassThrough
+from gateway.errors import GatewayError
+from gateway.policy.schema import Alias
+from gateway.router import Router, pool_chain
+from gateway.runtime import Runtime, Snapshot
+from gateway.singleflight import LeaderGone, SingleFlight, wait
+from gateway.state import SharedState
+
+log = logging.getLogger("gateway.request")
+JSON = "application/json"
+
+
+@dataclass(slots=True)
+class CachePlan:
+    key: str
+    read: bool
+    write: bool
+    ttl_s: int
+    leader: bool = False
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise errors.too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise errors.too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def estimate_prompt_chars(acc: Accepted) -> int:
+    body = acc.body
+    field = {"chat": "messages", "completions": "prompt", "embeddings": "input"}[acc.endpoint]
+    value = body[field]
+    if isinstance(value, str):
+        return len(value)
+    if acc.endpoint == "chat":
+        return sum(len(m["content"]) if isinstance(m.get("content"), str) else 16 for m in value)
+    return len(orjson.dumps(value))
+
+
+class Pipeline:
+    def __init__(self, runtime: Runtime, state: SharedState | None = None) -> None:
+        self.runtime = runtime
+        self.state = state or SharedState(None)
+        self.dispatcher = Dispatcher(Router())
+        self.exact: Store = RedisStore(self.state) if self.state.enabled else MemoryLRU()
+        self.flights = SingleFlight()
+
+    async def handle(self, request: Request, endpoint: Endpoint) -> Response:
+        ctx = Context(request.headers.get("x-request-id") or uuid.uuid4().hex, time.perf_counter())
+        ctx.endpoint = endpoint
+        snap = self.runtime.snapshot
+        try:
+            # 1. Accept
+            ctx.tenant = snap.keys.tenant_for(request.headers.get("authorization"))
+            raw = await read_body(request, snap.policy.server.max_body_bytes)
+            acc = accept(raw, endpoint)
+            alias = snap.policy.models.get(acc.model)
+            if alias is None:
+                raise errors.model_not_found(acc.model)
+            ctx.alias, ctx.stream = acc.model, acc.stream
+            # 2. Classify
+            ctx.prompt_tokens = estimate_prompt_chars(acc) // 4
+            ctx.request_class = "default"
+            # 3. Cache
+            plan = self._cache_plan(acc, alias, ctx, request.headers)
+            if plan is not None:
+                cached = await self._cache_lookup(plan, ctx)
+                if cached is not None:
+                    return self._from_cache(cached, acc, ctx)
+            # 4-6. Route, dispatch, recover
+            chain = pool_chain(snap.policy, alias, ctx.request_class)
+            return await self._dispatch(snap, acc, chain, ctx, plan)
+        except PassThrough as p:
+            return p.response
+        except GatewayError as e:
+            return e.to_response(ctx.headers())
+
+    # -- cache ----------------------------------------------------------------------------------
+
+    def _cache_plan(
+        self, acc: Accepted, alias: Alias, ctx: Context, headers: Headers
+    ) -> CachePlan | None:
+        settings = alias.cache.exact
+        if not settings.enabled or not (
+            acc.endpoint == "embeddings" or cacheable(acc.body, settings)
+        ):
+            return None
+        cc = headers.get("cache-control", "").lower()
+        if "no-store" in cc:
+            return None
+        ttl = settings.ttl_s
+        ttl_header = headers.get("x-gateway-cache-ttl")
+        if ttl_header and ttl_header.isdigit() and int(ttl_header) > 0:
+            ttl = int(ttl_header)
+        namespace = headers.get("x-gateway-cache-namespace", "")
+        key = exact_key(ctx.tenant, acc.model, acc.endpoint, acc.body, namespace)
+        ctx.cache = "miss"
+        return CachePlan(key, read="no-cache" not in cc, write=True, ttl_s=ttl)
+
+    async def _cache_lookup(self, plan: CachePlan, ctx: Context) -> bytes | None:
+        if plan.read:
+            hit = await self.exact.get(plan.key)
+            if hit is not None:
+                ctx.cache = "hit-exact"
+                return hit
+        fut = self.flights.join(plan.key)
+        if fut is None:
+            plan.leader = True
+            return None
+        shared = await wait(fut, 60.0)  # bounded: nothing waits forever
+        if shared is not None:
+            ctx.cache = "hit-exact" if plan.read else "miss"
+        return shared
+
+    def _from_cache(self, body: bytes, acc: Accepted, ctx: Context) -> Response:
+        if not acc.stream:
+            return Response(body, headers=ctx.headers(), media_type=JSON)
+        include_usage = bool((acc.body.get("stream_options") or {}).get("include_usage"))
+        events = completion_to_events(orjson.loads(body), include_usage)
+        return Response(b"".join(events), headers=ctx.headers(), media_type="text/event-stream")
+
+    def _store(self, plan: CachePlan, body: bytes) -> None:
+        if plan.leader:
+            self.flights.resolve(plan.key, body)
+        if plan.write:
+            asyncio.get_running_loop().create_task(self.exact.set(plan.key, body, plan.ttl_s))
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    async def _dispatch(
+        self, snap: Snapshot, acc: Accepted, chain: list[str], ctx: Context, plan: CachePlan | None
+    ) -> Response:
+        try:
+            if acc.stream:
+                if plan is None:
+                    return await self.dispatcher.stream(snap, acc, chain, ctx)
+                resp: StreamingResponse = await self.dispatcher.stream(
+                    snap,
+                    acc,
+                    chain,
+                    ctx,
+                    on_complete=lambda body: self._store(plan, body),
+                    on_abort=lambda: self._abort(plan, LeaderGone()),
+                )
+                return resp
+            body, headers = await self.dispatcher.unary(snap, acc, chain, ctx)
+        except GatewayError as e:
+            if plan is not None:
+                self._abort(plan, e)
+            raise
+        except PassThrough:
+            if plan is not None:
+                self._abort(plan, LeaderGone())
+            raise
+        if plan is not None:
+            self._store(plan, body)
+        return Response(body, headers={**headers, **ctx.headers()}, media_type=JSON)
+
+    def _abort(self, plan: CachePlan, exc: BaseException) -> None:
+        if plan.leader:
+            self.flights.fail(plan.key, exc)

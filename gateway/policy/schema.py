@@ -1,0 +1,148 @@
+"""The routing policy as validated data.
+
+A policy file (YAML) is parsed into `Policy`. Every model forbids unknown fields so that a typo in a
+policy file is refused with the field's path instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from gateway.cache.exact import ExactSettings
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@+-]+$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(Strict):
+    """Per-attempt limits. Each expiry is a distinct failure kind."""
+
+    connect_s: float = Field(2.0, gt=0, description="TCP/TLS connect.")
+    first_byte_s: float = Field(
+        30.0, gt=0, description="Until response headers / first stream chunk."
+    )
+    idle_s: float = Field(30.0, gt=0, description="Longest gap between two stream chunks.")
+    total_s: float = Field(600.0, gt=0, description="Whole attempt, streams included.")
+
+
+class Price(Strict):
+    input_per_1m: float = Field(0.0, ge=0)
+    output_per_1m: float = Field(0.0, ge=0)
+
+
+class Provider(Strict):
+    """One OpenAI-compatible upstream (an endpoint or a deployment)."""
+
+    base_url: str = Field(pattern=r"^https?://", description="Ends with the API root, e.g. .../v1")
+    api_key_env: str | None = Field(
+        None, description="Name of the env var holding the provider key."
+    )
+    models: dict[str, str] = Field(
+        default_factory=dict,
+        description="Public alias -> the provider's own model id. '*' applies to any alias.",
+    )
+    max_inflight: int | None = Field(None, ge=1)
+    weight: float = Field(1.0, gt=0)
+    timeouts: Timeouts = Timeouts()
+    price: Price = Price()
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Extra headers sent upstream."
+    )
+    simulated: bool = Field(
+        False, description="True for the built-in simulator (shown in /v1/models)."
+    )
+
+    def model_for(self, alias: str) -> str:
+        return self.models.get(alias) or self.models.get("*") or alias
+
+
+class Pool(Strict):
+    members: list[Name] = Field(min_length=1)
+    strategy: Literal["p2c_peak_ewma", "round_robin", "weighted", "least_busy"] = "p2c_peak_ewma"
+    fallback: list[Name] = Field(default_factory=list, description="Pools tried next, in order.")
+    max_attempts: int = Field(3, ge=1, le=10, description="Upstream attempts in this pool.")
+
+
+class CachePolicy(Strict):
+    exact: ExactSettings = ExactSettings()
+
+
+class Alias(Strict):
+    """A public model name clients send as `model`."""
+
+    pool: Name = Field(description="Pool used when no class route matches.")
+    routes: dict[Name, Name] = Field(default_factory=dict, description="Request class -> pool.")
+    default_max_tokens: int = Field(
+        256, ge=1, description="Expected output when the request says none."
+    )
+    context_window: int | None = Field(None, ge=1)
+    fallback_alias: Name | None = Field(
+        None, description="Alias used when the prompt exceeds the window."
+    )
+    encoding: str | None = Field(None, description="tiktoken encoding; default by model family.")
+    owned_by: str = "llm-gateway"
+    cache: CachePolicy = CachePolicy()
+
+
+class ApiKey(Strict):
+    """A gateway key. The plaintext never appears in the policy."""
+
+    tenant: Name
+    key_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ApiKey:
+        if (self.key_sha256 is None) == (self.key_env is None):
+            raise ValueError("give exactly one of key_sha256 or key_env")
+        return self
+
+
+class Auth(Strict):
+    keys: list[ApiKey] = Field(default_factory=list)
+
+
+class Server(Strict):
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+
+
+class Policy(Strict):
+    version: int = 1
+    server: Server = Server()
+    auth: Auth = Auth()
+    providers: dict[Name, Provider] = Field(min_length=1)
+    pools: dict[Name, Pool] = Field(min_length=1)
+    models: dict[Name, Alias] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _references(self) -> Policy:
+        errors: list[str] = []
+        for pname, pool in self.pools.items():
+            for m in pool.members:
+                if m not in self.providers:
+                    errors.append(f"pools.{pname}.members: unknown provider '{m}'")
+            for f in pool.fallback:
+                if f not in self.pools:
+                    errors.append(f"pools.{pname}.fallback: unknown pool '{f}'")
+        for aname, alias in self.models.items():
+            if alias.pool not in self.pools:
+                errors.append(f"models.{aname}.pool: unknown pool '{alias.pool}'")
+            for cls, pool in alias.routes.items():
+                if pool not in self.pools:
+                    errors.append(f"models.{aname}.routes.{cls}: unknown pool '{pool}'")
+            if alias.fallback_alias and alias.fallback_alias not in self.models:
+                errors.append(
+                    f"models.{aname}.fallback_alias: unknown alias '{alias.fallback_alias}'"
+                )
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+
+ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")

@@ -1,0 +1,91 @@
+"""Shared state backend: Redis when REDIS_URL is set, otherwise nothing (everything in memory).
+
+Redis must never take the gateway down. `SharedState.call` runs a Redis command with short
+timeouts; on failure it logs once, returns a default, and skips Redis for a short back-off so a
+dead Redis costs requests nothing. redis-py reconnects by itself once Redis is back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+log = logging.getLogger("gateway.state")
+T = TypeVar("T")
+
+
+class SharedState:
+    def __init__(self, url: str | None, *, prefix: str = "gw:", retry_after_s: float = 1.0) -> None:
+        self.url = url
+        self.prefix = prefix
+        self._retry_after_s = retry_after_s
+        self._down_until = 0.0
+        self._down_logged = False
+        self.redis: aioredis.Redis | None = None
+        if url:
+            self.redis = aioredis.Redis.from_url(
+                url,
+                socket_connect_timeout=0.25,
+                socket_timeout=0.5,
+                health_check_interval=0,
+                retry_on_timeout=False,
+                max_connections=256,
+            )
+
+    @classmethod
+    def from_env(cls) -> SharedState:
+        return cls(
+            os.environ.get("REDIS_URL") or None,
+            prefix=os.environ.get("GATEWAY_REDIS_PREFIX", "gw:"),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.redis is not None
+
+    @property
+    def available(self) -> bool:
+        return self.redis is not None and time.monotonic() >= self._down_until
+
+    def key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    def mark_down(self, exc: BaseException) -> None:
+        self._down_until = time.monotonic() + self._retry_after_s
+        if not self._down_logged:
+            self._down_logged = True
+            log.warning(
+                "Redis unavailable (%s); serving with local state until it is back.",
+                type(exc).__name__,
+            )
+
+    def mark_up(self) -> None:
+        if self._down_logged:
+            self._down_logged = False
+            log.warning("Redis is back; shared state resumed.")
+
+    async def call(self, fn: Callable[[aioredis.Redis], Awaitable[T]], default: T) -> T:
+        """Run `fn(redis)`; on any Redis/connection error return `default` (and back off)."""
+        if self.redis is None or time.monotonic() < self._down_until:
+            return default
+        try:
+            result = await fn(self.redis)
+        except (RedisError, OSError, TimeoutError) as e:
+            self.mark_down(e)
+            return default
+        if self._down_logged:
+            self.mark_up()
+        return result
+
+    async def aclose(self) -> None:
+        if self.redis is not None:
+            # Closing a dead connection must not fail shutdown.
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()

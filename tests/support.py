@@ -1,0 +1,161 @@
+"""Test support: run the gateway as a real HTTP server on loopback, validate OpenAI shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import uvicorn
+
+from gateway.app import create_app
+from gateway.policy.loader import parse_policy
+from gateway.state import SharedState
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMAS = Path(__file__).resolve().parent / "data" / "openai_schemas.json"
+
+
+@cache
+def _schemas() -> dict[str, Any]:
+    return json.loads(SCHEMAS.read_text())["schemas"]
+
+
+def validate(name: str, instance: Any) -> None:
+    """Validate against the official OpenAI JSON Schema `name` (e.g. CreateChatCompletionResponse)."""
+    jsonschema.validate(instance, _schemas()[name], cls=jsonschema.Draft202012Validator)
+
+
+def validate_sse(body: bytes | str) -> list[dict[str, Any]]:
+    """Parse an SSE body; validate each chunk; require the `[DONE]` terminator. Returns the chunks."""
+    text = body.decode() if isinstance(body, bytes) else body
+    chunks = []
+    done = False
+    for block in text.split("\n\n"):
+        block = block.strip()
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        data = block[6:]
+        if data == "[DONE]":
+            done = True
+            continue
+        assert not done, "data after [DONE]"
+        chunk = json.loads(data)
+        validate("CreateChatCompletionStreamResponse", chunk)
+        chunks.append(chunk)
+    assert done, "stream did not end with [DONE]"
+    return chunks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GatewayServer:
+    """The gateway app served by uvicorn in a background thread (its own event loop)."""
+
+    def __init__(
+        self, policy_yaml: str, redis_url: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        self.policy = parse_policy(policy_yaml, env={**os.environ, **(env or {})})
+        self.app = create_app(
+            self.policy, SharedState(redis_url) if redis_url else SharedState(None)
+        )
+        self.port = free_port()
+        self.config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def __enter__(self) -> GatewayServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("gateway did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def gateway_process(
+    policy_path: Path, *, env: dict[str, str] | None = None, workers: int = 1
+) -> Iterator[str]:
+    """`gateway serve` as a separate process (what users run). Yields its base URL (…/v1)."""
+    port = free_port()
+    proc_env = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--policy",
+            str(policy_path),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ],
+        env=proc_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            raise RuntimeError(f"process exited early:\n{out}")
+        try:
+            if httpx.get(url, timeout=0.5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer in {timeout}s")
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
