@@ -15,9 +15,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import errors
+from gateway.admin import require_admin
 from gateway.errors import GatewayError
 from gateway.pipeline import Pipeline
 from gateway.policy.schema import Policy
+from gateway.policy.watcher import PolicyReloader, replica_id
 from gateway.runtime import Runtime
 from gateway.state import SharedState
 
@@ -29,10 +31,13 @@ def _json(data: object, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def create_app(policy: Policy, state: SharedState | None = None) -> FastAPI:
+def create_app(
+    policy: Policy, state: SharedState | None = None, policy_path: str | None = None
+) -> FastAPI:
     runtime = Runtime(policy)
     state = state if state is not None else SharedState.from_env()
     pipeline = Pipeline(runtime, state)
+    reloader = PolicyReloader(policy_path, runtime.apply_version, state, replica_id())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -42,8 +47,10 @@ def create_app(policy: Policy, state: SharedState | None = None) -> FastAPI:
                 "Add auth.keys to the policy or set GATEWAY_API_KEYS."
             )
         if state.enabled:
-            log.info("shared state: Redis at %s", state.url)
+            log.info("shared state: Redis enabled")
+        reloader.start()
         yield
+        await reloader.stop()
         await runtime.aclose()
         await state.aclose()
 
@@ -52,6 +59,7 @@ def create_app(policy: Policy, state: SharedState | None = None) -> FastAPI:
     )
     app.state.runtime = runtime
     app.state.pipeline = pipeline
+    app.state.reloader = reloader
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> Response:
@@ -126,5 +134,20 @@ def create_app(policy: Policy, state: SharedState | None = None) -> FastAPI:
         return _json(
             {"status": "ready", "policy_version": snap.version, "providers": len(snap.providers)}
         )
+
+    @app.post("/admin/reload")
+    async def admin_reload(request: Request) -> Response:
+        require_admin(request)
+        version = reloader.reload()
+        if version is None:
+            return _json(
+                {
+                    "reloaded": False,
+                    "errors": reloader.last_error,
+                    "version": runtime.snapshot.version,
+                },
+                400,
+            )
+        return _json({"reloaded": True, "version": version})
 
     return app

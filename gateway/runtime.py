@@ -8,6 +8,8 @@ over to the new snapshot for providers that remain.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -84,7 +86,17 @@ class Runtime:
     def apply(self, policy: Policy) -> Snapshot:
         """Swap in a validated policy; in-flight requests finish on the snapshot they hold."""
         self.snapshot = self._build(policy)
+        if self._retired:
+            # Give requests still using the old clients time to finish before closing them.
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_later(
+                    max(p.timeouts.total_s for p in policy.providers.values()),
+                    lambda: asyncio.ensure_future(self.close_retired()),
+                )
         return self.snapshot
+
+    def apply_version(self, policy: Policy) -> str:
+        return self.apply(policy).version
 
     async def close_retired(self) -> None:
         """Close clients of removed/changed providers (after in-flight requests had time to end)."""

@@ -19,6 +19,5 @@ def build_app() -> FastAPI:
     if not path:
         raise RuntimeError("GATEWAY_POLICY is not set")
     policy = load_policy(path)
-    app = create_app(policy)
-    app.state.policy_path = path
+    app = create_app(policy, policy_path=path)
     return app
