@@ -41,6 +41,9 @@ def serve(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log = logging.getLogger("gateway")
+    # Per-request library logs would cost time on the hot path and name upstream URLs.
+    for noisy in ("httpx", "httpcore", "watchfiles"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     fleet = None
     if policy is None:
         from gateway.demo import start_demo

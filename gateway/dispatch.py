@@ -6,6 +6,8 @@ chunk arrived. After that, a broken stream ends with an OpenAI-shaped error even
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,8 +18,10 @@ from gateway import errors
 from gateway.accept import PATHS, Accepted
 from gateway.chunks import StreamAssembler
 from gateway.context import Context
+from gateway.decide import Decision
 from gateway.errors import GatewayError
 from gateway.router import Router
+from gateway.routing.member import SignalKind, latency_signal
 from gateway.runtime import ProviderState, Snapshot
 from gateway.sse import SSESplitter, encode_event
 from gateway.upstream import UpstreamFailure, UpstreamStream
@@ -34,6 +38,15 @@ _EXHAUSTED_STATUS = {
     "upstream_5xx": (502, "upstream_error"),
     "stream_broken": (502, "upstream_error"),
 }
+
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+def completion_tokens(body: bytes) -> int | None:
+    """Output tokens from a response's usage, without parsing the whole body."""
+    m = _COMPLETION_TOKENS.search(body)
+    return int(m.group(1)) if m else None
+
 
 # Called with the complete answer (JSON bytes) of a successful request, e.g. to fill the cache.
 OnComplete = Callable[[bytes], None]
@@ -52,8 +65,8 @@ class Dispatcher:
     def __init__(self, router: Router) -> None:
         self.router = router
 
-    def candidates(self, snap: Snapshot, chain: list[str], ctx: Context) -> _Candidates:
-        return _Candidates(self.router, snap, chain, ctx)
+    def candidates(self, snap: Snapshot, decision: Decision, ctx: Context) -> _Candidates:
+        return _Candidates(self.router, snap, decision, ctx)
 
     @staticmethod
     def upstream_body(acc: Accepted, member: ProviderState) -> bytes:
@@ -64,25 +77,30 @@ class Dispatcher:
         return orjson.dumps(body)
 
     async def unary(
-        self, snap: Snapshot, acc: Accepted, chain: list[str], ctx: Context
+        self, snap: Snapshot, acc: Accepted, decision: Decision, ctx: Context
     ) -> tuple[bytes, dict[str, str]]:
         """The first successful answer's body and headers; raises GatewayError or PassThrough."""
         last: UpstreamFailure | None = None
         path = PATHS[acc.endpoint]
-        for member in self.candidates(snap, chain, ctx):
-            member.inflight += 1
+        for member in self.candidates(snap, decision, ctx):
+            start = member.member.begin()
             member.requests += 1
             try:
                 resp = await member.client.send(
                     path, self.upstream_body(acc, member), None, member.config.timeouts
                 )
             except UpstreamFailure as f:
-                last = self.record_failure(member, f, ctx)
+                last = self.record_failure(member, f, ctx, time.monotonic() - start)
                 if f.kind in CLIENT_ERRORS:
                     raise PassThrough(self.passthrough_error(f, ctx)) from None
                 continue
-            finally:
-                member.inflight -= 1
+            except BaseException:
+                member.member.release()
+                raise
+            signal = snap.pools[ctx.pool].config.latency_signal
+            total = time.monotonic() - start
+            out = completion_tokens(resp.body) if signal == "per_token" else None
+            member.member.end(latency_signal(signal, None, total, out))
             return resp.body, resp.headers
         raise self.exhausted(last)
 
@@ -90,29 +108,32 @@ class Dispatcher:
         self,
         snap: Snapshot,
         acc: Accepted,
-        chain: list[str],
+        decision: Decision,
         ctx: Context,
         on_complete: OnComplete | None = None,
         on_abort: OnAbort | None = None,
     ) -> StreamingResponse:
         last: UpstreamFailure | None = None
         path = PATHS[acc.endpoint]
-        for member in self.candidates(snap, chain, ctx):
-            member.inflight += 1
+        for member in self.candidates(snap, decision, ctx):
+            start = member.member.begin()
             member.requests += 1
             try:
                 stream = await member.client.open_stream(
                     path, self.upstream_body(acc, member), None, member.config.timeouts
                 )
             except UpstreamFailure as f:
-                member.inflight -= 1
-                last = self.record_failure(member, f, ctx)
+                last = self.record_failure(member, f, ctx, time.monotonic() - start)
                 if f.kind in CLIENT_ERRORS:
                     raise PassThrough(self.passthrough_error(f, ctx)) from None
                 continue
+            except BaseException:
+                member.member.release()
+                raise
             headers = {**stream.headers, **ctx.headers()}
             headers.pop("content-type", None)
-            relay = self.relay(stream, member, ctx, on_complete, on_abort)
+            signal = snap.pools[ctx.pool].config.latency_signal
+            relay = self.relay(stream, member, ctx, start, signal, on_complete, on_abort)
             return StreamingResponse(relay, media_type="text/event-stream", headers=headers)
         raise self.exhausted(last)
 
@@ -121,26 +142,34 @@ class Dispatcher:
         stream: UpstreamStream,
         member: ProviderState,
         ctx: Context,
+        start: float,
+        signal: SignalKind,
         on_complete: OnComplete | None,
         on_abort: OnAbort | None,
     ) -> AsyncIterator[bytes]:
         """Forward whole SSE events as they arrive; a break mid-stream ends with an error event."""
         splitter = SSESplitter()
         assembler = StreamAssembler() if on_complete is not None else None
-        finished = False
+        settled = False
+        events = 0
         try:
             for ev in splitter.feed(stream.first):
                 if assembler is not None:
                     assembler.feed_event(ev)
+                events += 1
                 yield ev
             async for chunk in stream.chunks():
                 for ev in splitter.feed(chunk):
                     if assembler is not None:
                         assembler.feed_event(ev)
+                    events += 1
                     yield ev
-            finished = True
+            settled = True
+            total = time.monotonic() - start
+            member.member.end(latency_signal(signal, stream.ttft_s, total, events))
         except UpstreamFailure as f:
-            self.record_failure(member, f, ctx)
+            settled = True
+            self.record_failure(member, f, ctx, time.monotonic() - start)
             err = GatewayError(
                 502,
                 "The upstream stream broke before it finished.",
@@ -149,14 +178,10 @@ class Dispatcher:
             )
             yield encode_event(err.to_bytes())
         finally:
-            member.inflight -= 1
+            if not settled:
+                member.member.release()  # the client went away: no verdict on the member
             await stream.aclose()
-            if (
-                assembler is not None
-                and on_complete is not None
-                and finished
-                and assembler.complete()
-            ):
+            if assembler is not None and on_complete is not None and assembler.complete():
                 on_complete(orjson.dumps(assembler.to_completion()))
             elif on_abort is not None:
                 on_abort()
@@ -164,10 +189,14 @@ class Dispatcher:
     # -- recover --------------------------------------------------------------------------------
 
     @staticmethod
-    def record_failure(member: ProviderState, f: UpstreamFailure, ctx: Context) -> UpstreamFailure:
-        member.failures += 1
-        member.last_failure = f.kind
+    def record_failure(
+        member: ProviderState, f: UpstreamFailure, ctx: Context, elapsed_s: float
+    ) -> UpstreamFailure:
         ctx.failures.append(f"{member.name}:{f.kind}")
+        if f.kind in CLIENT_ERRORS:
+            member.member.release()  # the request's fault, not the member's
+        else:
+            member.member.end(elapsed_s, ok=False, error_kind=f.kind)
         return f
 
     @staticmethod
@@ -206,8 +235,9 @@ class Dispatcher:
 class _Candidates:
     """Members to try: pool after pool, each member at most once, `max_attempts` per pool."""
 
-    def __init__(self, router: Router, snap: Snapshot, chain: list[str], ctx: Context) -> None:
-        self.router, self.snap, self.chain, self.ctx = router, snap, chain, ctx
+    def __init__(self, router: Router, snap: Snapshot, decision: Decision, ctx: Context) -> None:
+        self.router, self.snap, self.ctx = router, snap, ctx
+        self.chain, self.key = decision.chain, decision.prefix_key
         self.tried: set[str] = set()
         self.pool_i = 0
         self.in_pool = 0
@@ -219,7 +249,7 @@ class _Candidates:
         while self.pool_i < len(self.chain):
             name = self.chain[self.pool_i]
             if self.in_pool < self.snap.policy.pools[name].max_attempts:
-                member = self.router.pick(self.snap, name, self.tried)
+                member = self.router.pick(self.snap, name, self.tried, self.key)
                 if member is not None:
                     self.in_pool += 1
                     self.tried.add(member.name)

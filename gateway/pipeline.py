@@ -21,10 +21,11 @@ from gateway.accept import Accepted, Endpoint, accept
 from gateway.cache.exact import MemoryLRU, RedisStore, Store, cacheable, exact_key
 from gateway.chunks import completion_to_events
 from gateway.context import Context
+from gateway.decide import PRIORITY_HEADER, Decision, decide
 from gateway.dispatch import Dispatcher, PassThrough
 from gateway.errors import GatewayError
 from gateway.policy.schema import Alias
-from gateway.router import Router, pool_chain
+from gateway.router import Router
 from gateway.runtime import Runtime, Snapshot
 from gateway.singleflight import LeaderGone, SingleFlight, wait
 from gateway.state import SharedState
@@ -56,17 +57,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def estimate_prompt_chars(acc: Accepted) -> int:
-    body = acc.body
-    field = {"chat": "messages", "completions": "prompt", "embeddings": "input"}[acc.endpoint]
-    value = body[field]
-    if isinstance(value, str):
-        return len(value)
-    if acc.endpoint == "chat":
-        return sum(len(m["content"]) if isinstance(m.get("content"), str) else 16 for m in value)
-    return len(orjson.dumps(value))
-
-
 class Pipeline:
     def __init__(self, runtime: Runtime, state: SharedState | None = None) -> None:
         self.runtime = runtime
@@ -84,22 +74,20 @@ class Pipeline:
             ctx.tenant = snap.keys.tenant_for(request.headers.get("authorization"))
             raw = await read_body(request, snap.policy.server.max_body_bytes)
             acc = accept(raw, endpoint)
-            alias = snap.policy.models.get(acc.model)
-            if alias is None:
+            if acc.model not in snap.policy.models:
                 raise errors.model_not_found(acc.model)
             ctx.alias, ctx.stream = acc.model, acc.stream
             # 2. Classify
-            ctx.prompt_tokens = estimate_prompt_chars(acc) // 4
-            ctx.request_class = "default"
+            decision = decide(snap.policy, acc, ctx.tenant, request.headers.get(PRIORITY_HEADER))
+            ctx.prompt_tokens, ctx.request_class = decision.prompt_tokens, decision.request_class
             # 3. Cache
-            plan = self._cache_plan(acc, alias, ctx, request.headers)
+            plan = self._cache_plan(acc, decision.alias, ctx, request.headers)
             if plan is not None:
                 cached = await self._cache_lookup(plan, ctx)
                 if cached is not None:
                     return self._from_cache(cached, acc, ctx)
             # 4-6. Route, dispatch, recover
-            chain = pool_chain(snap.policy, alias, ctx.request_class)
-            return await self._dispatch(snap, acc, chain, ctx, plan)
+            return await self._dispatch(snap, acc, decision, ctx, plan)
         except PassThrough as p:
             return p.response
         except GatewayError as e:
@@ -158,22 +146,27 @@ class Pipeline:
     # -- dispatch -------------------------------------------------------------------------------
 
     async def _dispatch(
-        self, snap: Snapshot, acc: Accepted, chain: list[str], ctx: Context, plan: CachePlan | None
+        self,
+        snap: Snapshot,
+        acc: Accepted,
+        decision: Decision,
+        ctx: Context,
+        plan: CachePlan | None,
     ) -> Response:
         try:
             if acc.stream:
                 if plan is None:
-                    return await self.dispatcher.stream(snap, acc, chain, ctx)
+                    return await self.dispatcher.stream(snap, acc, decision, ctx)
                 resp: StreamingResponse = await self.dispatcher.stream(
                     snap,
                     acc,
-                    chain,
+                    decision,
                     ctx,
                     on_complete=lambda body: self._store(plan, body),
                     on_abort=lambda: self._abort(plan, LeaderGone()),
                 )
                 return resp
-            body, headers = await self.dispatcher.unary(snap, acc, chain, ctx)
+            body, headers = await self.dispatcher.unary(snap, acc, decision, ctx)
         except GatewayError as e:
             if plan is not None:
                 self._abort(plan, e)

@@ -1,12 +1,20 @@
-"""Route: from a request's class to a chain of pools, and inside a pool to one member."""
+"""Route: from a request's class to a chain of pools, and inside a pool to one member.
+
+Inside a pool: prefix affinity first (rendezvous hashing with a bounded-load cap) when the pool
+enables it, else the pool's balancer (power of two choices on PeakEWMA cost by default). Members
+already tried, without capacity, or refused by `available` (breakers) are skipped.
+"""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from gateway.policy.schema import Alias, Policy
+from gateway.routing.affinity import pick_affine
+from gateway.routing.member import Member
 from gateway.runtime import ProviderState, Snapshot
+
+Available = Callable[[ProviderState], bool]
 
 
 def pool_chain(policy: Policy, alias: Alias, request_class: str) -> list[str]:
@@ -22,19 +30,33 @@ def pool_chain(policy: Policy, alias: Alias, request_class: str) -> list[str]:
     return chain
 
 
-class Router:
-    """Picks a member of a pool. This is the replaceable piece balancing strategies plug into."""
+def _always(_: ProviderState) -> bool:
+    return True
 
-    def __init__(self) -> None:
-        self._rr = itertools.count()
+
+class Router:
+    """Picks a member of a pool. `available` is where breakers and drains plug in."""
+
+    def __init__(self, available: Available = _always) -> None:
+        self.available = available
 
     def pick(
-        self, snap: Snapshot, pool_name: str, tried: Collection[str], prefix_key: int | None = None
+        self,
+        snap: Snapshot,
+        pool_name: str,
+        tried: Collection[str],
+        prefix_key: bytes | None = None,
     ) -> ProviderState | None:
-        members = [snap.providers[m] for m in snap.policy.pools[pool_name].members]
-        eligible = [m for m in members if m.name not in tried and m.has_capacity()]
-        if not eligible:
-            return None
-        least = min(m.inflight for m in eligible)
-        best = [m for m in eligible if m.inflight == least]
-        return best[next(self._rr) % len(best)]
+        pool = snap.pools[pool_name]
+        by_member = snap.by_member
+        available = self.available
+
+        def eligible(m: Member) -> bool:
+            return m.name not in tried and available(by_member[id(m)])
+
+        chosen = None
+        if prefix_key is not None and pool.config.affinity.enabled:
+            chosen = pick_affine(prefix_key, pool.members, eligible, pool.config.affinity)
+        if chosen is None:
+            chosen = pool.balancer.pick(pool.members, eligible)
+        return None if chosen is None else by_member[id(chosen)]

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 from gateway.auth import KeyRing
 from gateway.policy.loader import policy_fingerprint
-from gateway.policy.schema import Policy, Provider
+from gateway.policy.schema import Policy, Pool, Provider
+from gateway.routing.balancer import Balancer, BalancerSettings, make_balancer
+from gateway.routing.member import Member
 from gateway.upstream import UpstreamClient
 
 log = logging.getLogger("gateway")
@@ -24,24 +26,23 @@ log = logging.getLogger("gateway")
 
 @dataclass(slots=True, eq=False)
 class ProviderState:
-    """One provider as a routing member: config, pooled client and live counters."""
+    """One provider: config, pooled client and its routing member (load and latency estimate)."""
 
     name: str
     config: Provider
     client: UpstreamClient
-    inflight: int = 0
+    member: Member
     requests: int = 0
-    failures: int = 0
-    last_failure: str | None = None
-    extra: dict[str, object] = field(default_factory=dict)
 
-    @property
-    def max_inflight(self) -> int | None:
-        return self.config.max_inflight
 
-    def has_capacity(self) -> bool:
-        m = self.config.max_inflight
-        return m is None or self.inflight < m
+@dataclass(slots=True, eq=False)
+class PoolState:
+    """A pool as routing sees it: members in policy order and the pool's own balancer."""
+
+    name: str
+    config: Pool
+    members: list[Member]
+    balancer: Balancer
 
 
 @dataclass(slots=True, eq=False)
@@ -49,7 +50,25 @@ class Snapshot:
     policy: Policy
     version: str
     providers: dict[str, ProviderState]
+    pools: dict[str, PoolState]
     keys: KeyRing
+    by_member: dict[int, ProviderState] = field(default_factory=dict)
+
+    def provider_of(self, member: Member) -> ProviderState:
+        return self.by_member[id(member)]
+
+
+def _client(name: str, cfg: Provider) -> UpstreamClient:
+    key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
+    return UpstreamClient(name, cfg, key)
+
+
+def _member_settings(policy: Policy, provider: str) -> BalancerSettings:
+    """Latency-estimate parameters of the first pool holding the provider."""
+    for pool in policy.pools.values():
+        if provider in pool.members:
+            return pool.balancer
+    return BalancerSettings()
 
 
 class Runtime:
@@ -57,6 +76,7 @@ class Runtime:
 
     def __init__(self, policy: Policy) -> None:
         self._providers: dict[str, ProviderState] = {}
+        self._retired: list[UpstreamClient] = []
         self.snapshot = self._build(policy)
 
     def _build(self, policy: Policy) -> Snapshot:
@@ -64,24 +84,36 @@ class Runtime:
         retired: list[UpstreamClient] = []
         for name, cfg in policy.providers.items():
             old = self._providers.get(name)
-            if old is not None and old.config == cfg:
-                providers[name] = old
-                continue
-            key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-            client = UpstreamClient(name, cfg, key)
             if old is not None:
-                # Same member, new settings: keep its live counters, swap the client.
-                retired.append(old.client)
-                old.config, old.client = cfg, client
+                # A member that remains keeps its latency estimate and in-flight count.
+                old.member.weight, old.member.max_inflight = cfg.weight, cfg.max_inflight
+                if old.config != cfg:
+                    retired.append(old.client)
+                    old.client = _client(name, cfg)
+                    old.config = cfg
                 providers[name] = old
             else:
-                providers[name] = ProviderState(name, cfg, client)
+                settings = _member_settings(policy, name)
+                member = settings.make_member(name, cfg.weight, cfg.max_inflight)
+                providers[name] = ProviderState(name, cfg, _client(name, cfg), member)
         for name, old in self._providers.items():
             if name not in providers:
                 retired.append(old.client)
-        self._retired = retired
+        pools = {
+            name: PoolState(
+                name,
+                pool,
+                [providers[m].member for m in pool.members],
+                make_balancer(pool.balancer),
+            )
+            for name, pool in policy.pools.items()
+        }
+        self._retired.extend(retired)
         self._providers = providers
-        return Snapshot(policy, policy_fingerprint(policy), providers, KeyRing(policy.auth))
+        by_member = {id(p.member): p for p in providers.values()}
+        return Snapshot(
+            policy, policy_fingerprint(policy), providers, pools, KeyRing(policy.auth), by_member
+        )
 
     def apply(self, policy: Policy) -> Snapshot:
         """Swap in a validated policy; in-flight requests finish on the snapshot they hold."""

@@ -12,6 +12,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.cache.exact import ExactSettings
+from gateway.classify import ClassRule
+from gateway.routing.affinity import AffinitySettings
+from gateway.routing.balancer import BalancerSettings
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@+-]+$")]
 
@@ -64,7 +67,13 @@ class Provider(Strict):
 
 class Pool(Strict):
     members: list[Name] = Field(min_length=1)
-    strategy: Literal["p2c_peak_ewma", "round_robin", "weighted", "least_busy"] = "p2c_peak_ewma"
+    balancer: BalancerSettings = BalancerSettings()
+    affinity: AffinitySettings = AffinitySettings(enabled=False)
+    latency_signal: Literal["ttft", "per_token", "total"] = Field(
+        "ttft",
+        description="What the latency estimate measures: time to first token (interactive), "
+        "time per output token (long generations) or total time.",
+    )
     fallback: list[Name] = Field(default_factory=list, description="Pools tried next, in order.")
     max_attempts: int = Field(3, ge=1, le=10, description="Upstream attempts in this pool.")
 
@@ -116,6 +125,8 @@ class Policy(Strict):
     version: int = 1
     server: Server = Server()
     auth: Auth = Auth()
+    classes: list[ClassRule] = Field(default_factory=list, description="First match wins.")
+    default_class: Name = "default"
     providers: dict[Name, Provider] = Field(min_length=1)
     pools: dict[Name, Pool] = Field(min_length=1)
     models: dict[Name, Alias] = Field(min_length=1)
@@ -123,6 +134,9 @@ class Policy(Strict):
     @model_validator(mode="after")
     def _references(self) -> Policy:
         errors: list[str] = []
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            errors.append("classes: class names must be unique")
         for pname, pool in self.pools.items():
             for m in pool.members:
                 if m not in self.providers:

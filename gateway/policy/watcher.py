@@ -93,7 +93,9 @@ class PolicyReloader:
         folder = os.path.dirname(os.path.abspath(self.path))
         name = self.path.name
         # Watch the folder: editors and config maps replace files rather than write in place.
-        async for changes in awatch(folder, debounce=200, step=50, rust_timeout=1000, recursive=False):
+        async for changes in awatch(
+            folder, debounce=200, step=50, rust_timeout=1000, recursive=False
+        ):
             if any(os.path.basename(p) == name for _, p in changes):
                 self.reload()
 
