@@ -16,6 +16,7 @@ from gateway.routing.balancer import (
     RoundRobin,
     SmoothWeighted,
     StrategyName,
+    always_eligible,
     candidates,
     make_balancer,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "SmoothWeighted",
     "StrategyName",
     "affinity_order",
+    "always_eligible",
     "block_hashes",
     "candidates",
     "latency_signal",

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.routing.balancer import Eligible, _always, candidates
+from gateway.routing.balancer import Eligible, always_eligible, candidates
 from gateway.routing.member import Member
 
 _DIGEST = 8
@@ -142,7 +142,7 @@ def affinity_order(key: bytes, members: Sequence[Member]) -> list[Member]:
 def pick_affine(
     key: bytes | None,
     members: Sequence[Member],
-    eligible: Eligible = _always,
+    eligible: Eligible = always_eligible,
     settings: AffinitySettings | None = None,
 ) -> Member | None:
     """The member that owns `key`, or the next one in its order if that one is overloaded.

@@ -25,7 +25,8 @@ Eligible = Callable[[Member], bool]
 _default_rng = random.Random()
 
 
-def _always(_: Member) -> bool:
+def always_eligible(_: Member) -> bool:
+    """The default filter: every member qualifies."""
     return True
 
 
@@ -73,12 +74,12 @@ class Balancer(Protocol):
     def pick(
         self,
         members: Sequence[Member],
-        eligible: Eligible = _always,
+        eligible: Eligible = always_eligible,
         rng: random.Random | None = None,
     ) -> Member | None: ...
 
 
-def candidates(members: Sequence[Member], eligible: Eligible = _always) -> list[Member]:
+def candidates(members: Sequence[Member], eligible: Eligible = always_eligible) -> list[Member]:
     """Members that pass `eligible`, have capacity and a positive weight."""
     return [m for m in members if m.weight > 0 and m.has_capacity() and eligible(m)]
 
@@ -89,7 +90,7 @@ class P2CPeakEwma:
     def pick(
         self,
         members: Sequence[Member],
-        eligible: Eligible = _always,
+        eligible: Eligible = always_eligible,
         rng: random.Random | None = None,
     ) -> Member | None:
         pool = candidates(members, eligible)
@@ -114,7 +115,7 @@ class RoundRobin:
     def pick(
         self,
         members: Sequence[Member],
-        eligible: Eligible = _always,
+        eligible: Eligible = always_eligible,
         rng: random.Random | None = None,
     ) -> Member | None:
         pool = candidates(members, eligible)
@@ -134,7 +135,7 @@ class SmoothWeighted:
     def pick(
         self,
         members: Sequence[Member],
-        eligible: Eligible = _always,
+        eligible: Eligible = always_eligible,
         rng: random.Random | None = None,
     ) -> Member | None:
         pool = candidates(members, eligible)
@@ -165,7 +166,7 @@ class LeastBusy:
     def pick(
         self,
         members: Sequence[Member],
-        eligible: Eligible = _always,
+        eligible: Eligible = always_eligible,
         rng: random.Random | None = None,
     ) -> Member | None:
         pool = candidates(members, eligible)

@@ -1,0 +1,158 @@
+"""PeakEWMA estimate and the Member that carries it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gateway.routing import BalancerSettings, Member, PeakEwma, latency_signal
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(clock: Clock, **kw: float) -> PeakEwma:
+    return PeakEwma(clock=clock, **kw)
+
+
+def test_unmeasured_member_is_probed_then_penalised() -> None:
+    e = make(Clock(), penalty_s=60.0)
+    assert not e.has_history
+    assert e.cost(0) == 0.0  # idle: try it
+    assert e.cost(1) == 61.0  # first probe in flight: stay away
+    assert e.cost(3) == 63.0  # and prefer the least-loaded unmeasured one
+
+
+def test_estimate_decays_towards_zero_between_observations() -> None:
+    c = Clock()
+    e = make(c, decay_s=10.0)
+    e.observe(1.0)
+    assert e.estimate() == 1.0
+    c.t += 10.0
+    assert e.estimate() == pytest.approx(math.exp(-1))
+    c.t += 100.0
+    assert e.estimate() < 1e-4
+    assert e.has_history
+
+
+def test_higher_observation_jumps_to_the_peak() -> None:
+    c = Clock()
+    e = make(c)
+    e.observe(0.1)
+    c.t += 0.01
+    e.observe(2.0)
+    assert e.estimate() == 2.0
+
+
+def test_lower_observation_moves_by_time_weight() -> None:
+    c = Clock()
+    e = make(c, decay_s=10.0)
+    e.observe(1.0)
+    c.t += 1.0
+    e.observe(0.2)
+    w = math.exp(-0.1)
+    assert e.estimate() == pytest.approx(1.0 * w + 0.2 * (1 - w))
+
+
+def test_steady_observations_converge_to_their_value() -> None:
+    c = Clock()
+    e = make(c, decay_s=10.0)
+    e.observe(3.0)  # an early slow outlier
+    for _ in range(2000):
+        c.t += 0.05
+        e.observe(0.3)
+    assert e.estimate() == pytest.approx(0.3, rel=1e-3)
+
+
+def test_reading_does_not_change_the_state() -> None:
+    c = Clock()
+    a, b = make(c), make(c)
+    a.observe(1.0)
+    b.observe(1.0)
+    for _ in range(100):
+        c.t += 0.01
+        a.estimate()
+    c.t += 1.0
+    a.observe(0.5)
+    b.observe(0.5)
+    assert a.estimate() == b.estimate()
+
+
+def test_failure_counts_as_a_high_latency() -> None:
+    c = Clock()
+    e = make(c, failure_penalty_s=5.0, failure_multiplier=4.0)
+    e.observe_failure(0.001)  # a fast failure on a fresh member
+    assert e.estimate() == 5.0
+    e2 = make(c, failure_penalty_s=5.0, failure_multiplier=4.0)
+    e2.observe(2.0)
+    e2.observe_failure(0.01)
+    assert e2.estimate() == 8.0  # estimate x multiplier beats the floor
+    e3 = make(c, failure_penalty_s=5.0)
+    e3.observe_failure(30.0)  # a timeout: its own latency is higher still
+    assert e3.estimate() == 30.0
+
+
+def test_cost_scales_with_in_flight() -> None:
+    c = Clock()
+    e = make(c)
+    e.observe(0.5)
+    assert e.cost(0) == 0.5
+    assert e.cost(3) == 2.0
+
+
+def test_decay_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        PeakEwma(decay_s=0)
+
+
+def test_member_begin_end_tracks_load_and_outcome() -> None:
+    c = Clock()
+    m = BalancerSettings(failure_penalty_ms=3000).make_member("a", max_inflight=2, clock=c)
+    assert m.has_capacity()
+    m.begin()
+    m.begin()
+    assert m.inflight == 2 and not m.has_capacity()
+    m.end(0.25)
+    assert m.inflight == 1 and m.ewma.estimate() == 0.25
+    c.t += 1
+    m.end(0.01, ok=False, error_kind="http_503")
+    assert m.inflight == 0
+    assert (m.failures, m.last_error_kind, m.last_error_at) == (1, "http_503", c.t)
+    assert m.ewma.estimate() == 3.0
+    m.release()  # never below zero
+    assert m.inflight == 0
+
+
+def test_member_cost_uses_weight_and_load() -> None:
+    c = Clock()
+    m = Member("a", weight=2.0, clock=c)
+    m.ewma.observe(1.0)
+    m.begin()
+    assert m.cost() == pytest.approx(1.0 * 2 / 2.0)
+    assert Member("z", weight=0.0).cost() == float("inf")
+    with pytest.raises(ValueError):
+        Member("bad", max_inflight=0)
+
+
+def test_latency_signal_rule() -> None:
+    assert latency_signal("ttft", 0.3, 9.0, 500) == 0.3
+    assert latency_signal("ttft", None, 0.8, 20) == 0.8  # non-streamed: total stands in
+    assert latency_signal("per_token", 0.3, 10.0, 500) == pytest.approx(0.02)
+    assert latency_signal("per_token", None, 4.0, 0) == 4.0  # nothing produced: not fast
+    assert latency_signal("total", 0.3, 9.0, 500) == 9.0
+
+
+def test_settings_configure_the_estimate() -> None:
+    s = BalancerSettings.model_validate(
+        {"decay_s": 5, "penalty_ms": 1000, "failure_penalty_ms": 200, "failure_multiplier": 2}
+    )
+    e = s.make_ewma(Clock())
+    assert (e.penalty_s, e.failure_penalty_s, e.failure_multiplier) == (1.0, 0.2, 2.0)
+    with pytest.raises(ValueError):
+        BalancerSettings.model_validate({"strategy": "fastest"})
