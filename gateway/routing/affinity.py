@@ -86,19 +86,37 @@ def _content_prefix(content: Any, room: int) -> str:
     return "".join(pieces)
 
 
+# A system prompt at least this long is the affinity key on its own.
+MIN_SHARED_CHARS = 256
+
+
+def _is_user(messages: Sequence[Any], i: int) -> bool:
+    return (
+        i < len(messages) and isinstance(messages[i], Mapping) and messages[i].get("role") == "user"
+    )
+
+
 def leading_text(body: Mapping[str, Any], cap: int) -> str:
     """The leading part of a request's prompt, at most `cap` characters."""
     messages = body.get("messages")
     if isinstance(messages, Sequence) and not isinstance(messages, str):
         pieces: list[str] = []
         used = 0
-        for msg in messages:
+        for i, msg in enumerate(messages):
             if used >= cap or not isinstance(msg, Mapping):
                 break
             role = str(msg.get("role", ""))
             piece = f"{role}\x1f{_content_prefix(msg.get('content'), cap)}\x1e"[: cap - used]
             pieces.append(piece)
             used += len(piece)
+            if (
+                role in ("system", "developer")
+                and used >= MIN_SHARED_CHARS
+                and _is_user(messages, i + 1)
+            ):
+                # A real shared system prompt: key on it alone, so requests that share it but ask
+                # different questions land together (that prefix is what the KV cache reuses).
+                break
             if role == "user":
                 break  # system/developer messages and the first user turn only
         return "".join(pieces)
