@@ -1,0 +1,92 @@
+"""Faults an instance can be told to inject at run time, and the per-request decision.
+
+Faults are switched through ``POST /admin/faults`` on the instance port, through the fleet admin
+port (``POST /instances/{name}/faults``, which also works while the instance refuses connections),
+or through the Python fleet handle. Setting faults replaces the whole set.
+"""
+
+from __future__ import annotations
+
+import random
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Faults(BaseModel):
+    """Run-time faults; the defaults mean a healthy instance."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error_rate: float = Field(
+        0.0, ge=0, le=1, description="share of requests answered with an error"
+    )
+    error_status: list[int] = Field(default_factory=lambda: [500], min_length=1)
+    rate_limit: float = Field(0.0, ge=0, le=1, description="share of requests answered 429")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After header value on 429")
+    slow_first_token_ms: float = Field(0.0, ge=0, description="extra delay before the first token")
+    ttft_multiplier: float = Field(1.0, gt=0, description="scales base + prefill time")
+    hang: bool = Field(False, description="never answer; wait until the client gives up")
+    refuse_connections: bool = Field(False, description="stop listening: connection refused")
+    cut_stream_after_chunks: int | None = Field(
+        None, ge=0, description="close the connection after N content chunks, without [DONE]"
+    )
+    slow_decode: float = Field(1.0, ge=1, description="decode this many times slower")
+    unhealthy: bool = Field(False, description="GET /health answers 503")
+
+    @field_validator("error_status")
+    @classmethod
+    def _statuses(cls, v: list[int]) -> list[int]:
+        if any(not 400 <= s <= 599 for s in v):
+            raise ValueError("error_status entries must be HTTP error codes (400-599)")
+        return v
+
+    @property
+    def active(self) -> bool:
+        """True when any fault would change how a request is served."""
+        return self != HEALTHY
+
+
+HEALTHY = Faults()
+
+
+class Verdict(Enum):
+    """What the fault injector decided for one inference request, before any work."""
+
+    SERVE = 0
+    ERROR = 1
+    RATE_LIMIT = 2
+    HANG = 3
+
+
+class FaultInjector:
+    """Holds the current faults and draws per-request decisions from a seeded RNG."""
+
+    def __init__(self, seed: int = 0, initial: Faults | None = None) -> None:
+        self.faults = HEALTHY
+        self.set(initial or HEALTHY)
+        self._rng = random.Random(seed)
+        self.injected: dict[str, int] = {}
+
+    def set(self, faults: Faults) -> None:
+        # Keep the HEALTHY singleton so the hot path can test identity, not equality.
+        self.faults = HEALTHY if faults == HEALTHY else faults
+
+    def count(self, kind: str) -> None:
+        self.injected[kind] = self.injected.get(kind, 0) + 1
+
+    def decide(self) -> tuple[Verdict, int]:
+        """Verdict for a new request plus the error status to use (0 when serving)."""
+        f = self.faults
+        if f is HEALTHY:
+            return Verdict.SERVE, 0
+        if f.hang:
+            self.count("hang")
+            return Verdict.HANG, 0
+        if f.rate_limit and (f.rate_limit >= 1 or self._rng.random() < f.rate_limit):
+            self.count("rate_limit")
+            return Verdict.RATE_LIMIT, 429
+        if f.error_rate and (f.error_rate >= 1 or self._rng.random() < f.error_rate):
+            self.count("error")
+            return Verdict.ERROR, self._rng.choice(f.error_status)
+        return Verdict.SERVE, 0
