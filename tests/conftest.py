@@ -1,0 +1,150 @@
+"""Shared fixtures: a simulated fleet, gateways on loopback, a real Redis."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from loadtests.simulator.testing import Fleet, run_fleet
+from tests.support import GatewayServer
+
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/3")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A real Redis (CI starts one). Tests use their own key prefixes; db 3 is flushed at the end."""
+    client = redis.Redis.from_url(REDIS_URL)
+    client.ping()
+    yield REDIS_URL
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    return f"gwtest:{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    """Two fast simulated providers, a slow-decoding one, and a spare for fault tests."""
+    with run_fleet(
+        [
+            {"name": "a", "profile": "fast"},
+            {"name": "b", "profile": "fast"},
+            {
+                "name": "slow",
+                "profile": "fast",
+                "overrides": {"decode_tps_alone": 20, "decode_tps_full": 10},
+            },
+            {"name": "c", "profile": "fast"},
+        ]
+    ) as f:
+        yield f
+
+
+@pytest.fixture
+def gateway() -> Iterator[Callable[..., GatewayServer]]:
+    """Factory: start a gateway for a policy text; all are stopped at the end of the test."""
+    started: list[GatewayServer] = []
+
+    def start(policy_yaml: str, **kw: object) -> GatewayServer:
+        gw = GatewayServer(policy_yaml, **kw)  # type: ignore[arg-type]
+        gw.__enter__()
+        started.append(gw)
+        return gw
+
+    yield start
+    for gw in started:
+        gw.__exit__(None, None, None)
+
+
+class CaptureUpstream:
+    """A tiny real upstream that records what the gateway sent and answers a fixed completion."""
+
+    def __init__(self) -> None:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        self.last_body: dict = {}
+        self.last_headers: dict = {}
+        self.status = 200
+        self.error_body: dict = {
+            "error": {
+                "message": "bad thing",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "bad",
+            }
+        }
+
+        async def chat(request: Request) -> JSONResponse:
+            self.last_body = await request.json()
+            self.last_headers = dict(request.headers)
+            if self.status != 200:
+                return JSONResponse(self.error_body, status_code=self.status)
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-cap",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": self.last_body.get("model"),
+                    "vendor_field": {"kept": True},
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "tool_calls",
+                            "logprobs": None,
+                            "message": {
+                                "role": "assistant",
+                                "content": None,
+                                "refusal": None,
+                                "tool_calls": [
+                                    {
+                                        "id": "call_1",
+                                        "type": "function",
+                                        "function": {"name": "get_weather", "arguments": "{}"},
+                                    }
+                                ],
+                            },
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+                }
+            )
+
+        self.app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@pytest.fixture
+def capture_upstream() -> Iterator[CaptureUpstream]:
+    import threading
+    import time
+
+    import uvicorn
+
+    from tests.support import free_port
+
+    cap = CaptureUpstream()
+    cap.port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(cap.app, host="127.0.0.1", port=cap.port, log_level="warning")
+    )
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield cap
+    server.should_exit = True
+    t.join(5)
