@@ -72,7 +72,7 @@ def serve(
         )
     finally:
         if fleet is not None:
-            fleet.stop()
+            fleet.close()
 
 
 @policy_app.command("check")
