@@ -1,2 +1,3 @@
 """An OpenAI-compatible LLM routing gateway."""
+
 __version__ = "0.1.0"

@@ -32,10 +32,10 @@ async def replica(url: str, channel: str, rid: str) -> tuple[BreakerRegistry, Sh
     return registry, shared
 
 
-async def wait_for(pred, timeout: float = 2.0) -> float:  # type: ignore[no-untyped-def]
+async def wait_for(pred, within: float = 2.0) -> float:  # type: ignore[no-untyped-def]
     start = time.perf_counter()
     while not pred():
-        if time.perf_counter() - start > timeout:
+        if time.perf_counter() - start > within:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.001)
     return time.perf_counter() - start
@@ -58,13 +58,13 @@ async def test_open_close_and_cooldown_propagate_within_one_second() -> None:
             for _ in range(3):
                 a.record_failure(FailureKind.CONNECT_ERROR)
             assert a.state is BreakerState.OPEN
-            await wait_for(lambda: not reg_b.get("provider-x").allow(), timeout=1.0)
+            await wait_for(lambda: not reg_b.get("provider-x").allow(), within=1.0)
             delays.append(seen_b[-1][0] - t0)
             assert seen_b[-1][1].source == "remote"
             remaining = reg_b.get("provider-x").snapshot()["open_remaining_s"]
             assert 29 < remaining <= 30  # B keeps A's deadline
             a.force(BreakerState.CLOSED)
-            await wait_for(lambda: reg_b.get("provider-x").allow(), timeout=1.0)
+            await wait_for(lambda: reg_b.get("provider-x").allow(), within=1.0)
         delays.sort()
         print(
             f"\nopen propagation A->B over 5 runs: median {delays[2] * 1000:.2f} ms, "
@@ -74,7 +74,7 @@ async def test_open_close_and_cooldown_propagate_within_one_second() -> None:
 
         # A 429 cool-down on B reaches A; A's own events never come back to A.
         reg_b.get("provider-y").cool_down(5.0)
-        await wait_for(lambda: not reg_a.get("provider-y").allow(), timeout=1.0)
+        await wait_for(lambda: not reg_a.get("provider-y").allow(), within=1.0)
         assert reg_a.get("provider-y").state is BreakerState.CLOSED
         await asyncio.sleep(0.1)
         assert shared_a.applied == 1 and shared_b.applied == 10  # 5 opens + 5 closes
@@ -109,7 +109,7 @@ async def test_redis_down_keeps_local_breakers_and_logs_once(
     url = f"redis://127.0.0.1:{free_port()}/3"  # nothing listens there
     registry, shared = await replica(url, "test:breakers:down", "A")
     try:
-        assert not await shared.wait_subscribed(timeout=0.5)
+        assert not await shared.wait_subscribed(within_s=0.5)
         breaker = registry.get("p")
         for _ in range(3):
             breaker.record_failure(FailureKind.CONNECT_ERROR)
@@ -164,18 +164,18 @@ async def test_reconnects_after_redis_outage() -> None:
     try:
         assert await shared_a.wait_subscribed() and await shared_b.wait_subscribed()
         await relay.cut()
-        await wait_for(lambda: not shared_a.connected, timeout=3.0)
+        await wait_for(lambda: not shared_a.connected, within=3.0)
         # An event raised while A cannot reach Redis is kept and published after reconnect.
         for _ in range(3):
             reg_a.get("p").record_failure(FailureKind.CONNECT_ERROR)
         await asyncio.sleep(0.3)
         assert reg_b.get("p").allow()
         await relay.start()
-        await wait_for(lambda: shared_a.connected, timeout=3.0)
-        await wait_for(lambda: not reg_b.get("p").allow(), timeout=3.0)
+        await wait_for(lambda: shared_a.connected, within=3.0)
+        await wait_for(lambda: not reg_b.get("p").allow(), within=3.0)
         # And the subscription works again in the other direction.
         reg_b.get("q").cool_down(5)
-        await wait_for(lambda: not reg_a.get("q").allow(), timeout=2.0)
+        await wait_for(lambda: not reg_a.get("q").allow(), within=2.0)
     finally:
         await shared_a.stop()
         await shared_b.stop()

@@ -75,10 +75,10 @@ class SharedBreakers:
             asyncio.create_task(self._subscribe_loop(), name="breakers-subscribe"),
         ]
 
-    async def wait_subscribed(self, timeout: float = 5.0) -> bool:
+    async def wait_subscribed(self, within_s: float = 5.0) -> bool:
         """For start-up and tests: True once the subscription is live."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._subscribed.wait(), timeout)
+            await asyncio.wait_for(self._subscribed.wait(), within_s)
         return self._subscribed.is_set()
 
     async def stop(self) -> None:
