@@ -111,11 +111,13 @@ class DefaultRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field("default", min_length=1)
+    name: str = Field(default="default", min_length=1)
     template: str = Field(min_length=1)
-    status: int = Field(200, ge=200, le=599)
+    status: int = Field(default=200, ge=200, le=599)
     queue: bool = False
-    retry_after_s: float = Field(30.0, ge=0, description="Used when the gateway knows none.")
+    retry_after_s: float = Field(
+        default=30.0, ge=0, description="Used when the gateway knows none."
+    )
 
     @field_validator("template")
     @classmethod
@@ -218,7 +220,7 @@ def load_rules(path: str | Path) -> RuleSet:
         raise RuleFileError(str(root), "", "no such file or folder")
     rules: list[Rule] = []
     default: DefaultRule | None = None
-    default_file, names = "", {}
+    default_file, names = "", dict[str, str]()
     files = rule_files(root)
     for file in files:
         parsed = load_file(file)

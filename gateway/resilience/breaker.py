@@ -44,14 +44,20 @@ class BreakerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    window_s: float = Field(30.0, gt=0, description="Sliding window for the failure ratio.")
-    buckets: int = Field(10, ge=1, le=600, description="Buckets the window is split into.")
-    min_requests: int = Field(10, ge=1, description="Outcomes needed before the ratio counts.")
-    failure_ratio: float = Field(0.5, gt=0, le=1, description="Trip at or above this ratio.")
-    consecutive_failures: int = Field(5, ge=0, description="Trip after N in a row; 0 = off.")
-    cooldown_s: float = Field(5.0, gt=0, description="Open time after the first trip.")
-    max_cooldown_s: float = Field(60.0, gt=0, description="Cap of the doubling open time.")
-    half_open_probes: int = Field(1, ge=1, description="Concurrent probes when half-open.")
+    window_s: float = Field(default=30.0, gt=0, description="Sliding window for the failure ratio.")
+    buckets: int = Field(default=10, ge=1, le=600, description="Buckets the window is split into.")
+    min_requests: int = Field(
+        default=10, ge=1, description="Outcomes needed before the ratio counts."
+    )
+    failure_ratio: float = Field(
+        default=0.5, gt=0, le=1, description="Trip at or above this ratio."
+    )
+    consecutive_failures: int = Field(
+        default=5, ge=0, description="Trip after N in a row; 0 = off."
+    )
+    cooldown_s: float = Field(default=5.0, gt=0, description="Open time after the first trip.")
+    max_cooldown_s: float = Field(default=60.0, gt=0, description="Cap of the doubling open time.")
+    half_open_probes: int = Field(default=1, ge=1, description="Concurrent probes when half-open.")
 
     @model_validator(mode="after")
     def _check(self) -> BreakerSettings:

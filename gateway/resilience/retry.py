@@ -27,15 +27,21 @@ class RetrySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_attempts: int = Field(3, ge=1, le=10, description="Attempts in total, first included.")
-    base_backoff_ms: float = Field(
-        50.0, ge=0, description="Upper bound of the first jittered wait."
+    max_attempts: int = Field(
+        default=3, ge=1, le=10, description="Attempts in total, first included."
     )
-    max_backoff_ms: float = Field(2000.0, ge=0, description="Cap of any jittered wait.")
-    budget_ratio: float = Field(0.2, ge=0, description="Retries allowed per original request.")
-    budget_min_per_s: float = Field(1.0, ge=0, description="Retries always allowed per second.")
+    base_backoff_ms: float = Field(
+        default=50.0, ge=0, description="Upper bound of the first jittered wait."
+    )
+    max_backoff_ms: float = Field(default=2000.0, ge=0, description="Cap of any jittered wait.")
+    budget_ratio: float = Field(
+        default=0.2, ge=0, description="Retries allowed per original request."
+    )
+    budget_min_per_s: float = Field(
+        default=1.0, ge=0, description="Retries always allowed per second."
+    )
     max_retry_after_ms: float = Field(
-        5000.0,
+        default=5000.0,
         ge=0,
         description="A Retry-After longer than this is not waited for inside a request.",
     )
