@@ -175,6 +175,20 @@ BUILTIN_DEFAULT = DefaultRule(
 )
 
 
+def last_user_text(messages: Any) -> str:
+    """Text of the last ``user`` message (string content or the text parts of a list)."""
+    for message in reversed(messages if isinstance(messages, list) else []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+                return " ".join(p for p in parts if isinstance(p, str) and p)
+            return ""
+    return ""
+
+
 # ---- loading --------------------------------------------------------------------------------
 
 

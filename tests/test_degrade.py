@@ -17,6 +17,7 @@ from gateway.degrade import (
     DegradeContext,
     RuleFileError,
     RuleStore,
+    last_user_text,
     load_rules,
     render,
     render_json,
@@ -213,3 +214,15 @@ async def test_hot_reload_valid_then_invalid(
         await wait_until(lambda: store.version > version and store.last_error is None, within=5)
     finally:
         await store.stop()
+
+
+def test_last_user_text() -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url"}]},
+    ]
+    assert last_user_text(messages) == "see"
+    assert last_user_text(messages[:3]) == "first"
+    assert last_user_text(None) == "" and last_user_text([{"role": "system"}]) == ""
