@@ -111,6 +111,10 @@ class CircuitBreaker:
         self._trips = 0  # trips since the last close: drives the doubling cool-down
         self._probes = 0  # probes in flight while half-open
 
+    def on_transition(self, callback: Listener) -> None:
+        """Call ``callback(event)`` on every transition of this breaker."""
+        self._listeners.append(callback)
+
     # ---- read-only views -------------------------------------------------------------------
 
     @property
