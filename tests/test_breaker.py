@@ -198,6 +198,11 @@ def test_listener_errors_do_not_break_requests() -> None:
     assert reg.get("a").state is BreakerState.OPEN
     assert seen and seen[0].name == "a"
     assert reg.snapshot()["a"]["state"] == "open"
+    only_b: list[BreakerEvent] = []
+    reg.get("b").on_transition(only_b.append)
+    reg.get("c").record_failure(FailureKind.CONNECT_ERROR)
+    reg.get("b").record_failure(FailureKind.CONNECT_ERROR)
+    assert [e.name for e in only_b] == ["b"]
 
 
 def test_settings_validation() -> None:

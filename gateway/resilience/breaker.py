@@ -100,7 +100,8 @@ class CircuitBreaker:
         self.name = name
         self.settings = settings or BreakerSettings()
         self._clock = clock
-        self._listeners: list[Listener] = listeners if listeners is not None else []
+        self._listeners: list[Listener] = listeners if listeners is not None else []  # shared
+        self._own_listeners: list[Listener] = []
         self._window = BucketWindow(
             self.settings.window_s, self.settings.buckets, fields=2, clock=clock
         )
@@ -112,8 +113,8 @@ class CircuitBreaker:
         self._probes = 0  # probes in flight while half-open
 
     def on_transition(self, callback: Listener) -> None:
-        """Call ``callback(event)`` on every transition of this breaker."""
-        self._listeners.append(callback)
+        """Call ``callback(event)`` on every transition of this breaker only."""
+        self._own_listeners.append(callback)
 
     # ---- read-only views -------------------------------------------------------------------
 
@@ -301,7 +302,7 @@ class CircuitBreaker:
         source: Source = "local",
     ) -> None:
         event = BreakerEvent(self.name, old, new, reason, until, remaining_s, source)
-        for listener in self._listeners:
+        for listener in (*self._listeners, *self._own_listeners):
             try:
                 listener(event)
             except Exception:  # a broken listener must not break the request path
