@@ -1,0 +1,78 @@
+"""Failure taxonomy: what went wrong with an upstream attempt, and what that allows.
+
+The dispatcher classifies every failed attempt into one :class:`FailureKind`; the retry
+logic and the circuit breaker only ever look at that kind, never at raw exceptions.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import time
+from datetime import UTC
+from enum import StrEnum
+
+
+class FailureKind(StrEnum):
+    CONNECT_ERROR = "connect_error"
+    CONNECT_TIMEOUT = "connect_timeout"
+    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
+    IDLE_TIMEOUT = "idle_timeout"
+    TOTAL_TIMEOUT = "total_timeout"
+    RATE_LIMITED = "rate_limited"
+    UPSTREAM_5XX = "upstream_5xx"
+    UPSTREAM_4XX = "upstream_4xx"
+    STREAM_BROKEN = "stream_broken"
+
+
+# A client error is the caller's fault: another member would answer the same.
+_NEVER_RETRYABLE = frozenset({FailureKind.UPSTREAM_4XX})
+
+# Kinds that say nothing about the provider's health: a 4xx is the request's fault and a 429
+# is handled by a timed cool-down (Retry-After) rather than by tripping the breaker.
+_NOT_A_HEALTH_SIGNAL = frozenset({FailureKind.UPSTREAM_4XX, FailureKind.RATE_LIMITED})
+
+
+def is_retryable(kind: FailureKind, bytes_sent_to_client: bool) -> bool:
+    """Whether another attempt may be made after a failure of this kind.
+
+    Once any byte reached the client the response is committed (status line, headers, part
+    of a stream): a retry would duplicate or splice output, so nothing is retryable then.
+    """
+    if bytes_sent_to_client:
+        return False
+    return kind not in _NEVER_RETRYABLE
+
+
+def counts_against_breaker(kind: FailureKind) -> bool:
+    """Whether a failure of this kind is evidence that the provider is unhealthy."""
+    return kind not in _NOT_A_HEALTH_SIGNAL
+
+
+def parse_retry_after(header: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date).
+
+    Returns None when absent or unparseable; never negative. ``now`` is wall-clock epoch
+    seconds (injectable for tests).
+    """
+    if header is None:
+        return None
+    value = header.strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isnan(seconds):
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:  # "-0000" zone: RFC 5322 says UTC with unknown origin
+        when = when.replace(tzinfo=UTC)
+    current = time.time() if now is None else now
+    return max(0.0, when.timestamp() - current)
