@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -26,25 +25,12 @@ from gateway.degrade import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-_SCHEMA_FILE = "openai/openai_schemas.json"
-_CANDIDATES = [
-    Path(p) / _SCHEMA_FILE
-    for p in (
-        os.environ.get("SHARED_DIR", ""),
-        ROOT / "shared",
-        ROOT.parent / "shared",
-        "/work/shared",
-    )
-    if p
-]
+SCHEMAS = ROOT / "tests" / "data" / "openai_schemas.json"
 
 
 def validator(name: str) -> jsonschema.Draft202012Validator:
-    """The OpenAI schema ``name``, from the shared folder next to (or inside) the checkout."""
-    found = next((c for c in _CANDIDATES if c.is_file()), None)
-    if found is None:
-        pytest.skip(f"OpenAI schemas not found in any of {[str(c) for c in _CANDIDATES]}")
-    return jsonschema.Draft202012Validator(json.loads(found.read_text())["schemas"][name])
+    """The official OpenAI schema ``name`` (a copy ships with the tests)."""
+    return jsonschema.Draft202012Validator(json.loads(SCHEMAS.read_text())["schemas"][name])
 
 
 def write(folder: Path, name: str, text: str) -> Path:
