@@ -153,6 +153,8 @@ class LlamaInstance:
         deadline = self._spawned_at + timeout
         line = self._read_line(deadline)
         if not line.startswith("LISTENING "):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5.0)  # stdout closed: it is exiting; get its code
             self._fail(f"did not start (exit code {self.proc.poll()})")
         self.port = int(line.rsplit(":", 1)[1])
         while True:
@@ -176,6 +178,7 @@ class LlamaInstance:
     def _fail(self, why: str) -> None:
         tail = self.stderr_tail()
         self.kill()
+        shutil.rmtree(self._log_dir, ignore_errors=True)  # the tail travels in the exception
         raise LlamaError(
             f"{self.name} on port {self.port or 'auto'}: {why}\n--- stderr tail ---\n{tail}"
         )
