@@ -87,7 +87,7 @@ def test_chat_completion_reports_usage(pair: list[LlamaInstance], client: httpx.
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
-def test_stream_ends_with_usage_chunk(pair: list[LlamaInstance], client: httpx.Client) -> None:
+def test_stream_ends_with_usage_chunk(pair: list[LlamaInstance]) -> None:
     body = {
         "model": "smollm2",
         "messages": [{"role": "user", "content": "Count to three."}],
@@ -95,7 +95,8 @@ def test_stream_ends_with_usage_chunk(pair: list[LlamaInstance], client: httpx.C
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    with client.stream("POST", f"{pair[1].url}/chat/completions", json=body) as r:
+    # Own connection: llama.cpp often closes it after an SSE response (a pooled one could fail).
+    with httpx.stream("POST", f"{pair[1].url}/chat/completions", json=body, timeout=30) as r:
         lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     last = httpx.Response(200, content=lines[-2]).json()
