@@ -1,0 +1,23 @@
+"""llama.cpp's OpenAI-compatible server (PyPI ``xllamacpp``) as a real local upstream."""
+
+from loadtests.llama.launcher import (
+    LlamaConfig,
+    LlamaError,
+    LlamaInstance,
+    engine_available,
+    find_model,
+    llama_instances,
+    start_instances,
+    stop_all,
+)
+
+__all__ = [
+    "LlamaConfig",
+    "LlamaError",
+    "LlamaInstance",
+    "engine_available",
+    "find_model",
+    "llama_instances",
+    "start_instances",
+    "stop_all",
+]
