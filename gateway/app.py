@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import orjson
 from fastapi import FastAPI
@@ -17,9 +18,11 @@ from starlette.responses import Response
 from gateway import errors
 from gateway.admin import require_admin
 from gateway.errors import GatewayError
+from gateway.fallback import Fallbacks
 from gateway.pipeline import Pipeline
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
+from gateway.resilience.shared import SharedBreakers
 from gateway.runtime import Runtime
 from gateway.state import SharedState
 
@@ -31,12 +34,30 @@ def _json(data: object, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
+def _rules_path(policy: Policy, policy_path: str | None) -> Path | None:
+    rules = policy.degradation.rules
+    if rules is None:
+        return None
+    p = Path(rules)
+    if not p.is_absolute() and policy_path:
+        p = Path(policy_path).resolve().parent / p
+    return p
+
+
 def create_app(
     policy: Policy, state: SharedState | None = None, policy_path: str | None = None
 ) -> FastAPI:
     runtime = Runtime(policy)
     state = state if state is not None else SharedState.from_env()
-    pipeline = Pipeline(runtime, state)
+    fallbacks = Fallbacks(_rules_path(policy, policy_path), state.url)
+    pipeline = Pipeline(runtime, state, fallbacks)
+    shared_breakers = (
+        SharedBreakers(
+            runtime.breakers, state.url, channel=state.key("breakers"), replica_id=replica_id()
+        )
+        if state.url
+        else None
+    )
     reloader = PolicyReloader(policy_path, runtime.apply_version, state, replica_id())
 
     @asynccontextmanager
@@ -49,7 +70,13 @@ def create_app(
         if state.enabled:
             log.info("shared state: Redis enabled")
         reloader.start()
+        await fallbacks.start(pipeline.replay_send)
+        if shared_breakers is not None:
+            await shared_breakers.start()
         yield
+        if shared_breakers is not None:
+            await shared_breakers.stop()
+        await fallbacks.stop()
         await reloader.stop()
         await runtime.aclose()
         await state.aclose()
@@ -134,6 +161,17 @@ def create_app(
         return _json(
             {"status": "ready", "policy_version": snap.version, "providers": len(snap.providers)}
         )
+
+    @app.get("/v1/gateway/deferred/{request_id}")
+    async def deferred_result(request_id: str, request: Request) -> Response:
+        """The replayed answer of a request that a degradation rule queued."""
+        tenant = runtime.snapshot.keys.tenant_for(request.headers.get("authorization"))
+        doc = await fallbacks.result(request_id, tenant)
+        if doc is None:
+            raise errors.not_found(
+                f"No deferred request with id '{request_id}'.", code="deferred_not_found"
+            )
+        return _json(doc)
 
     @app.post("/admin/reload")
     async def admin_reload(request: Request) -> Response:

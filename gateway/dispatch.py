@@ -1,11 +1,15 @@
-"""Dispatch and recover: send to members pool after pool until one answers.
+"""Dispatch and recover: send to members, pool after pool, until one answers.
 
-A retry happens only while nothing has reached the client: for streams, until the first upstream
-chunk arrived. After that, a broken stream ends with an OpenAI-shaped error event.
+A retry happens only while nothing has reached the client (for streams: until the first upstream
+chunk arrived), only for retryable failures, within the retry budget, after a jittered backoff.
+A stream that breaks after it started is resumed on another member when the alias enables it
+(the partial answer is sent as a trailing assistant message and the continuation is spliced into
+the same client stream); otherwise it ends with an OpenAI-shaped error event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -14,19 +18,22 @@ from typing import Any
 import orjson
 from starlette.responses import Response, StreamingResponse
 
-from gateway import errors
 from gateway.accept import PATHS, Accepted
+from gateway.attempts import Candidates, settle_cancelled, settle_failure, settle_success
 from gateway.chunks import StreamAssembler
 from gateway.context import Context
 from gateway.decide import Decision
 from gateway.errors import GatewayError
+from gateway.resilience.admission import Admission
+from gateway.resilience.budget import RetryBudget
+from gateway.resilience.failures import FailureKind
+from gateway.resilience.retry import Retrier
 from gateway.router import Router
 from gateway.routing.member import SignalKind, latency_signal
 from gateway.runtime import ProviderState, Snapshot
-from gateway.sse import SSESplitter, encode_event
+from gateway.sse import SSESplitter, encode_event, event_data
 from gateway.upstream import UpstreamFailure, UpstreamStream
 
-# Failure kinds that are the provider's answer to *this* request: returned to the client as-is.
 CLIENT_ERRORS = frozenset({"upstream_4xx"})
 _EXHAUSTED_STATUS = {
     "connect_timeout": (504, "upstream_timeout"),
@@ -38,20 +45,18 @@ _EXHAUSTED_STATUS = {
     "upstream_5xx": (502, "upstream_error"),
     "stream_broken": (502, "upstream_error"),
 }
-
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+# Called with the complete answer (JSON bytes) of a successful request, e.g. to fill the cache.
+OnComplete = Callable[[bytes], None]
+# Called when a stream ends without a complete answer.
+OnAbort = Callable[[], None]
 
 
 def completion_tokens(body: bytes) -> int | None:
     """Output tokens from a response's usage, without parsing the whole body."""
     m = _COMPLETION_TOKENS.search(body)
     return int(m.group(1)) if m else None
-
-
-# Called with the complete answer (JSON bytes) of a successful request, e.g. to fill the cache.
-OnComplete = Callable[[bytes], None]
-# Called when a stream ends without a complete answer.
-OnAbort = Callable[[], None]
 
 
 class PassThrough(Exception):
@@ -61,47 +66,115 @@ class PassThrough(Exception):
         self.response = response
 
 
+class Exhausted(GatewayError):
+    """Every candidate failed or none was available: the pipeline may degrade instead."""
+
+
 class Dispatcher:
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.admission = Admission()
+        self.budget = RetryBudget()
+        self._retriers: dict[int, Retrier] = {}
 
-    def candidates(self, snap: Snapshot, decision: Decision, ctx: Context) -> _Candidates:
-        return _Candidates(self.router, snap, decision, ctx)
+    def retrier(self, snap: Snapshot) -> Retrier:
+        r = self._retriers.get(id(snap))
+        if r is None:
+            # One budget for the process; settings follow the policy version.
+            self._retriers = {id(snap): Retrier(snap.policy.retry, self.budget)}
+            r = self._retriers[id(snap)]
+        return r
+
+    def candidates(self, snap: Snapshot, decision: Decision, ctx: Context) -> Candidates:
+        return Candidates(self.router, self.admission, snap, decision, ctx)
 
     @staticmethod
-    def upstream_body(acc: Accepted, member: ProviderState) -> bytes:
-        body = acc.body
-        upstream_model = member.config.model_for(acc.model)
+    def upstream_body(body: dict[str, Any], alias: str, member: ProviderState) -> bytes:
+        upstream_model = member.config.model_for(alias)
         if upstream_model != body["model"]:
             body = {**body, "model": upstream_model}
         return orjson.dumps(body)
+
+    async def _next_attempt(self, retrier: Retrier, attempt: int, f: UpstreamFailure) -> bool:
+        """After a failed attempt: may we try again? Sleeps the backoff when yes."""
+        if not retrier.should_retry(attempt, FailureKind(f.kind), bytes_sent_to_client=False):
+            return False
+        delay = retrier.delay_s(attempt)
+        if delay:
+            await asyncio.sleep(delay)
+        return True
 
     async def unary(
         self, snap: Snapshot, acc: Accepted, decision: Decision, ctx: Context
     ) -> tuple[bytes, dict[str, str]]:
         """The first successful answer's body and headers; raises GatewayError or PassThrough."""
+        retrier = self.retrier(snap)
+        retrier.record_request()
         last: UpstreamFailure | None = None
         path = PATHS[acc.endpoint]
-        for member in self.candidates(snap, decision, ctx):
+        attempt = 0
+        async for member in self.candidates(snap, decision, ctx):
+            attempt += 1
             start = member.member.begin()
             member.requests += 1
             try:
                 resp = await member.client.send(
-                    path, self.upstream_body(acc, member), None, member.config.timeouts
+                    path,
+                    self.upstream_body(acc.body, acc.model, member),
+                    None,
+                    member.config.timeouts,
                 )
             except UpstreamFailure as f:
-                last = self.record_failure(member, f, ctx, time.monotonic() - start)
+                last = f
+                settle_failure(member, f, time.monotonic() - start, ctx, self.admission)
                 if f.kind in CLIENT_ERRORS:
                     raise PassThrough(self.passthrough_error(f, ctx)) from None
-                continue
+                if await self._next_attempt(retrier, attempt, f):
+                    continue
+                break
             except BaseException:
-                member.member.release()
+                settle_cancelled(member, self.admission)
                 raise
             signal = snap.pools[ctx.pool].config.latency_signal
             total = time.monotonic() - start
             out = completion_tokens(resp.body) if signal == "per_token" else None
-            member.member.end(latency_signal(signal, None, total, out))
+            settle_success(member, latency_signal(signal, None, total, out), self.admission)
             return resp.body, resp.headers
+        raise self.exhausted(last)
+
+    async def open_stream(
+        self,
+        snap: Snapshot,
+        body: dict[str, Any],
+        alias: str,
+        path: str,
+        candidates: Candidates,
+        ctx: Context,
+    ) -> tuple[UpstreamStream, ProviderState, float]:
+        """Open a stream on the first member that delivers a first chunk."""
+        retrier = self.retrier(snap)
+        last: UpstreamFailure | None = None
+        attempt = 0
+        async for member in candidates:
+            attempt += 1
+            start = member.member.begin()
+            member.requests += 1
+            try:
+                stream = await member.client.open_stream(
+                    path, self.upstream_body(body, alias, member), None, member.config.timeouts
+                )
+            except UpstreamFailure as f:
+                last = f
+                settle_failure(member, f, time.monotonic() - start, ctx, self.admission)
+                if f.kind in CLIENT_ERRORS:
+                    raise PassThrough(self.passthrough_error(f, ctx)) from None
+                if await self._next_attempt(retrier, attempt, f):
+                    continue
+                break
+            except BaseException:
+                settle_cancelled(member, self.admission)
+                raise
+            return stream, member, start
         raise self.exhausted(last)
 
     async def stream(
@@ -113,91 +186,18 @@ class Dispatcher:
         on_complete: OnComplete | None = None,
         on_abort: OnAbort | None = None,
     ) -> StreamingResponse:
-        last: UpstreamFailure | None = None
+        self.retrier(snap).record_request()
+        candidates = self.candidates(snap, decision, ctx)
         path = PATHS[acc.endpoint]
-        for member in self.candidates(snap, decision, ctx):
-            start = member.member.begin()
-            member.requests += 1
-            try:
-                stream = await member.client.open_stream(
-                    path, self.upstream_body(acc, member), None, member.config.timeouts
-                )
-            except UpstreamFailure as f:
-                last = self.record_failure(member, f, ctx, time.monotonic() - start)
-                if f.kind in CLIENT_ERRORS:
-                    raise PassThrough(self.passthrough_error(f, ctx)) from None
-                continue
-            except BaseException:
-                member.member.release()
-                raise
-            headers = {**stream.headers, **ctx.headers()}
-            headers.pop("content-type", None)
-            signal = snap.pools[ctx.pool].config.latency_signal
-            relay = self.relay(stream, member, ctx, start, signal, on_complete, on_abort)
-            return StreamingResponse(relay, media_type="text/event-stream", headers=headers)
-        raise self.exhausted(last)
-
-    async def relay(
-        self,
-        stream: UpstreamStream,
-        member: ProviderState,
-        ctx: Context,
-        start: float,
-        signal: SignalKind,
-        on_complete: OnComplete | None,
-        on_abort: OnAbort | None,
-    ) -> AsyncIterator[bytes]:
-        """Forward whole SSE events as they arrive; a break mid-stream ends with an error event."""
-        splitter = SSESplitter()
-        assembler = StreamAssembler() if on_complete is not None else None
-        settled = False
-        events = 0
-        try:
-            for ev in splitter.feed(stream.first):
-                if assembler is not None:
-                    assembler.feed_event(ev)
-                events += 1
-                yield ev
-            async for chunk in stream.chunks():
-                for ev in splitter.feed(chunk):
-                    if assembler is not None:
-                        assembler.feed_event(ev)
-                    events += 1
-                    yield ev
-            settled = True
-            total = time.monotonic() - start
-            member.member.end(latency_signal(signal, stream.ttft_s, total, events))
-        except UpstreamFailure as f:
-            settled = True
-            self.record_failure(member, f, ctx, time.monotonic() - start)
-            err = GatewayError(
-                502,
-                "The upstream stream broke before it finished.",
-                type="upstream_error",
-                code=f.kind,
-            )
-            yield encode_event(err.to_bytes())
-        finally:
-            if not settled:
-                member.member.release()  # the client went away: no verdict on the member
-            await stream.aclose()
-            if assembler is not None and on_complete is not None and assembler.complete():
-                on_complete(orjson.dumps(assembler.to_completion()))
-            elif on_abort is not None:
-                on_abort()
-
-    # -- recover --------------------------------------------------------------------------------
-
-    @staticmethod
-    def record_failure(
-        member: ProviderState, f: UpstreamFailure, ctx: Context, elapsed_s: float
-    ) -> UpstreamFailure:
-        ctx.failures.append(f"{member.name}:{f.kind}")
-        if f.kind in CLIENT_ERRORS:
-            member.member.release()  # the request's fault, not the member's
-        else:
-            member.member.end(elapsed_s, ok=False, error_kind=f.kind)
-        return f
+        stream, member, start = await self.open_stream(
+            snap, acc.body, acc.model, path, candidates, ctx
+        )
+        headers = {**stream.headers, **ctx.headers()}
+        headers.pop("content-type", None)
+        relay = StreamRelay(self, snap, acc, decision, ctx, candidates, on_complete, on_abort)
+        return StreamingResponse(
+            relay.run(stream, member, start), media_type="text/event-stream", headers=headers
+        )
 
     @staticmethod
     def passthrough_error(f: UpstreamFailure, ctx: Context) -> Response:
@@ -218,44 +218,166 @@ class Dispatcher:
         )
 
     @staticmethod
-    def exhausted(last: UpstreamFailure | None) -> GatewayError:
+    def exhausted(last: UpstreamFailure | None) -> Exhausted:
         if last is None:
-            return errors.upstream_error(
-                503, "No provider is available for this model right now.", "no_provider_available"
+            return Exhausted(
+                503,
+                "No provider is available for this model right now.",
+                type="upstream_error",
+                code="no_provider_available",
             )
         status, code = _EXHAUSTED_STATUS.get(last.kind, (502, "upstream_error"))
-        err = errors.upstream_error(
-            status, f"All providers failed for this request (last failure: {last.kind}).", code
+        err = Exhausted(
+            status,
+            f"All providers failed for this request (last failure: {last.kind}).",
+            type="upstream_error",
+            code=code,
         )
         if last.retry_after is not None:
             err.headers["retry-after"] = str(int(last.retry_after + 0.999))
         return err
 
 
-class _Candidates:
-    """Members to try: pool after pool, each member at most once, `max_attempts` per pool."""
+class StreamRelay:
+    """Forwards one client stream: whole SSE events as they arrive, resuming on breaks."""
 
-    def __init__(self, router: Router, snap: Snapshot, decision: Decision, ctx: Context) -> None:
-        self.router, self.snap, self.ctx = router, snap, ctx
-        self.chain, self.key = decision.chain, decision.prefix_key
-        self.tried: set[str] = set()
-        self.pool_i = 0
-        self.in_pool = 0
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        snap: Snapshot,
+        acc: Accepted,
+        decision: Decision,
+        ctx: Context,
+        candidates: Candidates,
+        on_complete: OnComplete | None,
+        on_abort: OnAbort | None,
+    ) -> None:
+        self.d, self.snap, self.acc, self.decision, self.ctx = dispatcher, snap, acc, decision, ctx
+        self.candidates = candidates
+        self.on_complete, self.on_abort = on_complete, on_abort
+        self.resume = decision.alias.resume and acc.endpoint == "chat"
+        self.assembler = StreamAssembler() if (on_complete is not None or self.resume) else None
+        self.first_meta: dict[str, Any] | None = None
+        self.resumed_from: str | None = None
 
-    def __iter__(self) -> _Candidates:
-        return self
+    async def run(
+        self, stream: UpstreamStream, member: ProviderState, start: float
+    ) -> AsyncIterator[bytes]:
+        completed = False
+        try:
+            while True:
+                async for ev in self._forward(stream, member, start):
+                    yield ev
+                if self._broken is None:
+                    completed = True
+                    break
+                broke = self._broken
+                reopened = await self._reopen(broke) if self.resume else None
+                if reopened is None:
+                    err = GatewayError(
+                        502,
+                        "The upstream stream broke before it finished.",
+                        type="upstream_error",
+                        code=broke.kind,
+                    )
+                    yield encode_event(err.to_bytes())
+                    break
+                stream, member, start = reopened
+        finally:
+            asm = self.assembler
+            if completed and asm is not None and self.on_complete is not None and asm.complete():
+                self.on_complete(orjson.dumps(asm.to_completion()))
+            elif self.on_abort is not None:
+                self.on_abort()
 
-    def __next__(self) -> ProviderState:
-        while self.pool_i < len(self.chain):
-            name = self.chain[self.pool_i]
-            if self.in_pool < self.snap.policy.pools[name].max_attempts:
-                member = self.router.pick(self.snap, name, self.tried, self.key)
-                if member is not None:
-                    self.in_pool += 1
-                    self.tried.add(member.name)
-                    self.ctx.pool, self.ctx.provider = name, member.name
-                    self.ctx.attempts += 1
-                    return member
-            self.pool_i += 1
-            self.in_pool = 0
-        raise StopIteration
+    async def _forward(
+        self, stream: UpstreamStream, member: ProviderState, start: float
+    ) -> AsyncIterator[bytes]:
+        """Relay one upstream stream; sets self._broken when it fails mid-way."""
+        self._broken: UpstreamFailure | None = None
+        splitter = SSESplitter()
+        signal: SignalKind = self.snap.pools[self.ctx.pool].config.latency_signal
+        events = 0
+        settled = False
+        continuation = self.resumed_from is not None
+        try:
+            chunks = _prepend(stream.first, stream.chunks())
+            async for chunk in chunks:
+                for ev in splitter.feed(chunk):
+                    if continuation:
+                        ev = self._splice(ev)
+                        if ev is None:
+                            continue
+                    if self.assembler is not None:
+                        self.assembler.feed_event(ev)
+                    events += 1
+                    yield ev
+            settled = True
+            total = time.monotonic() - start
+            settle_success(
+                member, latency_signal(signal, stream.ttft_s, total, events), self.d.admission
+            )
+        except UpstreamFailure as f:
+            settled = True
+            settle_failure(member, f, time.monotonic() - start, self.ctx, self.d.admission)
+            self._broken = f
+        finally:
+            if not settled:
+                settle_cancelled(member, self.d.admission)  # the client went away
+            await stream.aclose()
+
+    async def _reopen(
+        self, broke: UpstreamFailure
+    ) -> tuple[UpstreamStream, ProviderState, float] | None:
+        """Ask another member to continue the partial answer; None when nothing can."""
+        asm = self.assembler
+        if asm is None or len(asm.choices) > 1:
+            return None
+        retrier = self.d.retrier(self.snap)
+        if not retrier.should_retry(
+            self.ctx.attempts, FailureKind(broke.kind), bytes_sent_to_client=False
+        ):
+            return None
+        partial = asm.content(0)
+        body = dict(self.acc.body)
+        body["messages"] = [*body["messages"], {"role": "assistant", "content": partial}]
+        if self.acc.max_tokens:
+            # Words emitted so far approximate the tokens already spent.
+            remaining = max(1, self.acc.max_tokens - len(partial.split()))
+            body.pop("max_completion_tokens", None)
+            body["max_tokens"] = remaining
+        self.resumed_from = self.ctx.provider
+        try:
+            return await self.d.open_stream(
+                self.snap, body, self.acc.model, PATHS["chat"], self.candidates, self.ctx
+            )
+        except (GatewayError, PassThrough):
+            return None
+
+    def _splice(self, ev: bytes) -> bytes | None:
+        """Rewrite a continuation event so the client sees one stream (same id, no second role)."""
+        data = event_data(ev)
+        if data is None or data == b"[DONE]":
+            return ev
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return ev
+        meta = self.assembler.meta if self.assembler is not None else {}
+        for k in ("id", "created", "model"):
+            if meta.get(k) is not None:
+                chunk[k] = meta[k]
+        for c in chunk.get("choices") or []:
+            delta = c.get("delta") or {}
+            delta.pop("role", None)
+            if not delta and not c.get("finish_reason"):
+                return None  # the continuation's own role chunk
+            if c.get("finish_reason"):
+                chunk["gateway_resumed"] = {"from": self.resumed_from, "on": self.ctx.provider}
+        return encode_event(orjson.dumps(chunk))
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk

@@ -18,12 +18,14 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway import errors
 from gateway.accept import Accepted, Endpoint, accept
+from gateway.attempts import Shed
 from gateway.cache.exact import MemoryLRU, RedisStore, Store, cacheable, exact_key
 from gateway.chunks import completion_to_events
 from gateway.context import Context
 from gateway.decide import PRIORITY_HEADER, Decision, decide
-from gateway.dispatch import Dispatcher, PassThrough
+from gateway.dispatch import Dispatcher, Exhausted, PassThrough
 from gateway.errors import GatewayError
+from gateway.fallback import Fallbacks
 from gateway.policy.schema import Alias
 from gateway.router import Router
 from gateway.runtime import Runtime, Snapshot
@@ -58,9 +60,12 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 class Pipeline:
-    def __init__(self, runtime: Runtime, state: SharedState | None = None) -> None:
+    def __init__(
+        self, runtime: Runtime, state: SharedState | None = None, fallbacks: Fallbacks | None = None
+    ) -> None:
         self.runtime = runtime
         self.state = state or SharedState(None)
+        self.fallbacks = fallbacks or Fallbacks(None, None)
         self.dispatcher = Dispatcher(Router())
         self.exact: Store = RedisStore(self.state) if self.state.enabled else MemoryLRU()
         self.flights = SingleFlight()
@@ -86,12 +91,32 @@ class Pipeline:
                 cached = await self._cache_lookup(plan, ctx)
                 if cached is not None:
                     return self._from_cache(cached, acc, ctx)
-            # 4-6. Route, dispatch, recover
-            return await self._dispatch(snap, acc, decision, ctx, plan)
+            # 4-6. Route, dispatch, recover; when nothing can answer, degrade
+            try:
+                return await self._dispatch(snap, acc, decision, ctx, plan)
+            except (Exhausted, Shed) as e:
+                return await self.fallbacks.degrade(e, acc, raw, ctx)
         except PassThrough as p:
             return p.response
         except GatewayError as e:
             return e.to_response(ctx.headers())
+
+    async def replay_send(self, raw: bytes) -> tuple[int, bytes]:
+        """Re-send a deferred request (non-streaming) for the replay worker: (status, body)."""
+        snap = self.runtime.snapshot
+        ctx = Context(uuid.uuid4().hex, time.perf_counter())
+        try:
+            acc = accept(raw, "chat")
+            if acc.model not in snap.policy.models:
+                raise errors.model_not_found(acc.model)
+            ctx.alias = acc.model
+            decision = decide(snap.policy, acc, ctx.tenant, None)
+            body, _ = await self.dispatcher.unary(snap, acc, decision, ctx)
+        except PassThrough as p:
+            return p.response.status_code, bytes(p.response.body)
+        except GatewayError as e:
+            return e.status, e.to_bytes()
+        return 200, body
 
     # -- cache ----------------------------------------------------------------------------------
 

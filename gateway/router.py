@@ -30,14 +30,14 @@ def pool_chain(policy: Policy, alias: Alias, request_class: str) -> list[str]:
     return chain
 
 
-def _always(_: ProviderState) -> bool:
-    return True
+def _available(p: ProviderState) -> bool:
+    return p.available()
 
 
 class Router:
     """Picks a member of a pool. `available` is where breakers and drains plug in."""
 
-    def __init__(self, available: Available = _always) -> None:
+    def __init__(self, available: Available = _available) -> None:
         self.available = available
 
     def pick(

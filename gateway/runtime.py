@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gateway.auth import KeyRing
 from gateway.policy.loader import policy_fingerprint
 from gateway.policy.schema import Policy, Pool, Provider
+from gateway.resilience.breaker import BreakerRegistry, CircuitBreaker
 from gateway.routing.balancer import Balancer, BalancerSettings, make_balancer
 from gateway.routing.member import Member
 from gateway.upstream import UpstreamClient
@@ -32,7 +33,13 @@ class ProviderState:
     config: Provider
     client: UpstreamClient
     member: Member
+    breaker: CircuitBreaker
     requests: int = 0
+    drained: bool = False
+
+    def available(self) -> bool:
+        """May a new request be sent here now (breaker closed or probing, not drained)?"""
+        return not self.drained and self.breaker.allow()
 
 
 @dataclass(slots=True, eq=False)
@@ -77,6 +84,7 @@ class Runtime:
     def __init__(self, policy: Policy) -> None:
         self._providers: dict[str, ProviderState] = {}
         self._retired: list[UpstreamClient] = []
+        self.breakers = BreakerRegistry()
         self.snapshot = self._build(policy)
 
     def _build(self, policy: Policy) -> Snapshot:
@@ -85,8 +93,9 @@ class Runtime:
         for name, cfg in policy.providers.items():
             old = self._providers.get(name)
             if old is not None:
-                # A member that remains keeps its latency estimate and in-flight count.
+                # A member that remains keeps its latency estimate, in-flight count and breaker.
                 old.member.weight, old.member.max_inflight = cfg.weight, cfg.max_inflight
+                old.breaker.settings = cfg.breaker
                 if old.config != cfg:
                     retired.append(old.client)
                     old.client = _client(name, cfg)
@@ -95,7 +104,8 @@ class Runtime:
             else:
                 settings = _member_settings(policy, name)
                 member = settings.make_member(name, cfg.weight, cfg.max_inflight)
-                providers[name] = ProviderState(name, cfg, _client(name, cfg), member)
+                breaker = self.breakers.get(name, cfg.breaker)
+                providers[name] = ProviderState(name, cfg, _client(name, cfg), member, breaker)
         for name, old in self._providers.items():
             if name not in providers:
                 retired.append(old.client)

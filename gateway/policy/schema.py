@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.cache.exact import ExactSettings
 from gateway.classify import ClassRule
+from gateway.resilience.admission import QueueSettings
+from gateway.resilience.breaker import BreakerSettings
+from gateway.resilience.retry import RetrySettings
 from gateway.routing.affinity import AffinitySettings
 from gateway.routing.balancer import BalancerSettings
 
@@ -60,6 +63,7 @@ class Provider(Strict):
     simulated: bool = Field(
         False, description="True for the built-in simulator (shown in /v1/models)."
     )
+    breaker: BreakerSettings = BreakerSettings()
 
     def model_for(self, alias: str) -> str:
         return self.models.get(alias) or self.models.get("*") or alias
@@ -76,6 +80,7 @@ class Pool(Strict):
     )
     fallback: list[Name] = Field(default_factory=list, description="Pools tried next, in order.")
     max_attempts: int = Field(3, ge=1, le=10, description="Upstream attempts in this pool.")
+    queue: QueueSettings = QueueSettings()
 
 
 class CachePolicy(Strict):
@@ -97,6 +102,11 @@ class Alias(Strict):
     encoding: str | None = Field(None, description="tiktoken encoding; default by model family.")
     owned_by: str = "llm-gateway"
     cache: CachePolicy = CachePolicy()
+    resume: bool = Field(
+        False,
+        description="Resume a stream that breaks mid-way on another member, spliced into the same "
+        "client stream (the upstream must continue a trailing assistant message).",
+    )
 
 
 class ApiKey(Strict):
@@ -121,12 +131,20 @@ class Server(Strict):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
 
 
+class Degradation(Strict):
+    rules: str | None = Field(
+        None, description="Folder (or file) of degradation rules, relative to the policy file."
+    )
+
+
 class Policy(Strict):
     version: int = 1
     server: Server = Server()
     auth: Auth = Auth()
     classes: list[ClassRule] = Field(default_factory=list, description="First match wins.")
     default_class: Name = "default"
+    retry: RetrySettings = RetrySettings(max_attempts=4)
+    degradation: Degradation = Degradation()
     providers: dict[Name, Provider] = Field(min_length=1)
     pools: dict[Name, Pool] = Field(min_length=1)
     models: dict[Name, Alias] = Field(min_length=1)

@@ -1,0 +1,127 @@
+"""The members a request tries, in order, and the bookkeeping around each attempt.
+
+Pools in the decision's chain are walked in order; inside a pool, up to `max_attempts` members are
+picked by the router, each at most once. A member is only used after its breaker admits the
+request. When every untried member is merely full, the request waits in the first pool's bounded
+queue (admission control) and is shed when the wait runs out.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gateway.context import Context
+from gateway.decide import Decision
+from gateway.errors import GatewayError
+from gateway.resilience.admission import Admission
+from gateway.resilience.failures import FailureKind
+from gateway.router import Router
+from gateway.runtime import ProviderState, Snapshot
+from gateway.upstream import UpstreamFailure
+
+
+class Shed(GatewayError):
+    """No capacity within the queue's wait: 429 with Retry-After (or a degradation rule)."""
+
+    def __init__(self, pool: str, retry_after_s: int) -> None:
+        super().__init__(
+            429,
+            f"The gateway is at capacity for this model (pool '{pool}'); retry shortly.",
+            type="rate_limit_error",
+            code="gateway_overloaded",
+            headers={"retry-after": str(retry_after_s)},
+        )
+
+
+class Candidates:
+    """Async iterator of members to try for one request."""
+
+    def __init__(
+        self, router: Router, admission: Admission, snap: Snapshot, decision: Decision, ctx: Context
+    ) -> None:
+        self.router, self.admission, self.snap, self.ctx = router, admission, snap, ctx
+        self.chain, self.key = decision.chain, decision.prefix_key
+        self.tried: set[str] = set()
+        self.per_pool: dict[str, int] = {}
+
+    def __aiter__(self) -> Candidates:
+        return self
+
+    async def __anext__(self) -> ProviderState:
+        member = self._pick_now()
+        if member is not None:
+            return member
+        if not self._full_members_left():
+            raise StopAsyncIteration
+        return await self._queue()
+
+    def _pick_now(self) -> ProviderState | None:
+        pools = self.snap.policy.pools
+        for name in self.chain:
+            while self.per_pool.get(name, 0) < pools[name].max_attempts:
+                member = self.router.pick(self.snap, name, self.tried, self.key)
+                if member is None:
+                    break
+                self.tried.add(member.name)
+                if not member.breaker.acquire():
+                    continue  # half-open with its probes taken: try another
+                self.per_pool[name] = self.per_pool.get(name, 0) + 1
+                self.ctx.pool, self.ctx.provider = name, member.name
+                self.ctx.attempts += 1
+                return member
+        return None
+
+    def _full_members_left(self) -> bool:
+        """Is some untried, available member of a pool with attempts left only at its limit?"""
+        pools = self.snap.policy.pools
+        for name in self.chain:
+            if self.per_pool.get(name, 0) >= pools[name].max_attempts:
+                continue
+            for m in pools[name].members:
+                p = self.snap.providers[m]
+                if m not in self.tried and p.available() and not p.member.has_capacity():
+                    return True
+        return False
+
+    async def _queue(self) -> ProviderState:
+        pool = self.chain[0]
+        settings = self.snap.policy.pools[pool].queue
+        start = time.monotonic()
+        deadline = start + settings.max_wait_s
+        while await self.admission.wait(pool, settings, deadline):
+            member = self._pick_now()
+            if member is not None:
+                self.admission.record(pool, time.monotonic() - start, admitted=True)
+                return member
+            if not self._full_members_left():
+                raise StopAsyncIteration
+        self.admission.record(pool, time.monotonic() - start, admitted=False)
+        raise Shed(pool, settings.retry_after_s)
+
+
+def settle_success(member: ProviderState, latency_s: float, admission: Admission) -> None:
+    member.member.end(latency_s)
+    member.breaker.record_success()
+    admission.released()
+
+
+def settle_failure(
+    member: ProviderState, f: UpstreamFailure, elapsed_s: float, ctx: Context, admission: Admission
+) -> None:
+    ctx.failures.append(f"{member.name}:{f.kind}")
+    kind = FailureKind(f.kind)
+    if kind is FailureKind.UPSTREAM_4XX:
+        member.member.release()  # the request's fault, not the member's
+        member.breaker.release()
+    else:
+        member.member.end(elapsed_s, ok=False, error_kind=f.kind)
+        member.breaker.record_failure(kind)
+        if kind is FailureKind.RATE_LIMITED:
+            member.breaker.cool_down(f.retry_after if f.retry_after is not None else 1.0)
+    admission.released()
+
+
+def settle_cancelled(member: ProviderState, admission: Admission) -> None:
+    member.member.release()
+    member.breaker.release()
+    admission.released()

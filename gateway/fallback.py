@@ -1,0 +1,134 @@
+"""When nothing can answer: degradation rules, and the deferred queue that replays requests later.
+
+Without a rules folder in the policy, exhaustion is an honest OpenAI-shaped 502/503/504 (or a 429
+when shed). With one, the first matching rule answers (marked `x-gateway-degraded`), streamed when
+the request streamed, and may queue the request for replay once providers recover; the client
+fetches the replayed answer by request id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import orjson
+import redis.asyncio as aioredis
+from starlette.responses import Response
+
+from gateway.accept import Accepted
+from gateway.context import Context
+from gateway.degrade import DegradeContext, RuleStore, last_user_text, render
+from gateway.errors import GatewayError
+from gateway.replay import (
+    MemoryReplayQueue,
+    QueueFull,
+    ReplayQueue,
+    ReplayWorker,
+    make_replay_queue,
+)
+
+log = logging.getLogger("gateway.fallback")
+SendFn = Callable[[bytes], Awaitable[tuple[int, bytes]]]
+
+
+class Fallbacks:
+    def __init__(self, rules_path: Path | None, redis_url: str | None) -> None:
+        self.rules = RuleStore(rules_path) if rules_path is not None else None
+        client = (
+            aioredis.Redis.from_url(redis_url, socket_connect_timeout=0.5, socket_timeout=5.0)
+            if redis_url
+            else None
+        )
+        self._client = client
+        self.queue: ReplayQueue = make_replay_queue(client)
+        self.local_queue = MemoryReplayQueue()  # when Redis is down at enqueue time
+        self.workers: list[ReplayWorker] = []
+        self.degraded = 0
+        self.queued = 0
+
+    async def start(self, send: SendFn) -> None:
+        if self.rules is None:
+            return
+        await self.rules.start()
+        for q in {id(self.queue): self.queue, id(self.local_queue): self.local_queue}.values():
+            worker = ReplayWorker(q, send)
+            await worker.start()
+            self.workers.append(worker)
+
+    async def stop(self) -> None:
+        for w in self.workers:
+            await w.stop()
+        if self.rules is not None:
+            await self.rules.stop()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def degrade(self, err: GatewayError, acc: Accepted, raw: bytes, ctx: Context) -> Response:
+        """The rule's answer for a request nothing could serve (or `err` itself without rules)."""
+        if self.rules is None or acc.endpoint != "chat":
+            return err.to_response(ctx.headers())
+        text = last_user_text(acc.body.get("messages"))
+        rule = self.rules.match(ctx.alias, ctx.request_class, ctx.tenant, text)
+        retry_after = err.headers.get("retry-after")
+        dctx = DegradeContext(
+            ctx.alias,
+            ctx.request_id,
+            ctx.tenant,
+            ctx.request_class,
+            float(retry_after) if retry_after else None,
+        )
+        include_usage = bool((acc.body.get("stream_options") or {}).get("include_usage"))
+        resp = render(rule, dctx, acc.stream, include_usage)
+        ctx.degraded = True
+        self.degraded += 1
+        headers = {
+            **ctx.headers(),
+            **resp.headers,
+            "x-gateway-degraded": "true",
+            "x-gateway-rule": rule.name,
+        }
+        if resp.queue:
+            if await self._enqueue(acc, raw, ctx):
+                headers["x-gateway-deferred"] = ctx.request_id
+            else:
+                return GatewayError(
+                    503,
+                    "The gateway is degraded and its deferred queue is full.",
+                    type="upstream_error",
+                    code="deferred_queue_full",
+                    headers={"retry-after": "30"},
+                ).to_response(ctx.headers())
+        media = headers.pop("content-type", "application/json")
+        body = resp.body if resp.body is not None else b"".join(resp.chunks)
+        return Response(body, status_code=resp.status, headers=headers, media_type=media)
+
+    async def _enqueue(self, acc: Accepted, raw: bytes, ctx: Context) -> bool:
+        body = raw
+        if acc.stream:
+            plain = {k: v for k, v in acc.body.items() if k not in ("stream", "stream_options")}
+            body = orjson.dumps(plain)
+        for q in (self.queue, self.local_queue):
+            try:
+                await q.enqueue(ctx.request_id, ctx.tenant, ctx.alias, body)
+                self.queued += 1
+                return True
+            except QueueFull:
+                return False
+            except Exception as e:  # noqa: BLE001 - Redis down: keep it in this process instead
+                log.warning(
+                    "deferred queue unavailable (%s); keeping request %s locally",
+                    type(e).__name__,
+                    ctx.request_id,
+                )
+        return False
+
+    async def result(self, request_id: str, tenant: str) -> dict | None:
+        for q in (self.queue, self.local_queue):
+            try:
+                doc = await q.get_result(request_id)
+            except Exception:  # noqa: BLE001 - Redis down: look locally
+                continue
+            if doc is not None and doc.get("tenant") in (tenant, None):
+                return doc
+        return None
