@@ -72,8 +72,11 @@ def stream_ttft(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[f
     """Time to the first content chunk, the whole text and the usage chunk."""
     t0 = time.perf_counter()
     first, parts, usage = None, [], None
-    with client.stream("POST", url + "/chat/completions", json={**body, "stream": True,
-                       "stream_options": {"include_usage": True}}) as r:
+    with client.stream(
+        "POST",
+        url + "/chat/completions",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    ) as r:
         assert r.status_code == 200
         for chunk in sse(r):
             if chunk == "[DONE]":
@@ -92,16 +95,29 @@ SLOW_PREFILL = {"ttft_base_ms": 5, "prefill_ms_per_token": 0.1}
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
-    specs = [
+    specs: list[Any] = [
         {"name": "fast", "profile": "fast"},
         {"name": "prefill", "profile": "fast", "overrides": SLOW_PREFILL},
-        {"name": "batch1", "profile": "fast",
-         "overrides": {"max_batch": 1, "decode_tps_alone": 200, "decode_tps_full": 200}},
-        {"name": "batch4", "profile": "fast",
-         "overrides": {"max_batch": 4, "decode_tps_alone": 400, "decode_tps_full": 100}},
-        {"name": "q0", "profile": "fast",
-         "overrides": {"max_batch": 1, "max_queue": 0, "decode_tps_alone": 100,
-                       "decode_tps_full": 100}},
+        {
+            "name": "batch1",
+            "profile": "fast",
+            "overrides": {"max_batch": 1, "decode_tps_alone": 200, "decode_tps_full": 200},
+        },
+        {
+            "name": "batch4",
+            "profile": "fast",
+            "overrides": {"max_batch": 4, "decode_tps_alone": 400, "decode_tps_full": 100},
+        },
+        {
+            "name": "q0",
+            "profile": "fast",
+            "overrides": {
+                "max_batch": 1,
+                "max_queue": 0,
+                "decode_tps_alone": 100,
+                "decode_tps_full": 100,
+            },
+        },
         {"name": "auth", "profile": "fast", "api_key": "sekret"},
         {"name": "zero", "profile": "zero-latency"},
     ]
@@ -118,10 +134,16 @@ def client() -> Iterator[httpx.Client]:
 # -- schemas -------------------------------------------------------------------------------------
 @needs_schemas
 @pytest.mark.parametrize("name", ["fast", "zero"])
-def test_chat_plain_and_stream_match_openai_schemas(fleet: Fleet, client: httpx.Client,
-                                                    name: str) -> None:
-    body = {"model": "m1", "messages": user("Say something."), "max_tokens": 12,
-            "unknown_vendor_field": {"x": 1}, "temperature": 0.3}
+def test_chat_plain_and_stream_match_openai_schemas(
+    fleet: Fleet, client: httpx.Client, name: str
+) -> None:
+    body = {
+        "model": "m1",
+        "messages": user("Say something."),
+        "max_tokens": 12,
+        "unknown_vendor_field": {"x": 1},
+        "temperature": 0.3,
+    }
     r = client.post(fleet.url(name) + "/chat/completions", json=body)
     assert r.status_code == 200 and r.headers["x-sim-instance"] == name
     doc = r.json()
@@ -144,15 +166,23 @@ def test_chat_plain_and_stream_match_openai_schemas(fleet: Fleet, client: httpx.
 
 
 @needs_schemas
-def test_completions_models_embeddings_errors_match_schemas(fleet: Fleet,
-                                                            client: httpx.Client) -> None:
+def test_completions_models_embeddings_errors_match_schemas(
+    fleet: Fleet, client: httpx.Client
+) -> None:
     base = fleet.url("fast")
     r = client.post(base + "/completions", json={"model": "m", "prompt": "Once", "max_tokens": 5})
     validate("CreateCompletionResponse", r.json())
     assert r.json()["usage"]["completion_tokens"] == 5
-    with client.stream("POST", base + "/completions", json={
-        "prompt": "Once", "max_tokens": 5, "stream": True,
-        "stream_options": {"include_usage": True}}) as s:
+    with client.stream(
+        "POST",
+        base + "/completions",
+        json={
+            "prompt": "Once",
+            "max_tokens": 5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as s:
         chunks = sse(s)
     assert chunks[-1] == "[DONE]" and chunks[-2]["usage"]["completion_tokens"] == 5
     for c in chunks[:-1]:
@@ -186,10 +216,11 @@ def test_embeddings_are_deterministic_unit_vectors(fleet: Fleet, client: httpx.C
 
 def test_official_client_chat_and_stream(fleet: Fleet) -> None:
     oc = openai.OpenAI(base_url=fleet.url("fast"), api_key="x")
-    full = oc.chat.completions.create(model="m", messages=user("hi"), max_tokens=8, seed=3)
+    msgs: Any = user("hi")
+    full = oc.chat.completions.create(model="m", messages=msgs, max_tokens=8, seed=3)
     assert full.usage is not None and full.usage.completion_tokens == 8
-    parts = [c.choices[0].delta.content or "" for c in oc.chat.completions.create(
-        model="m", messages=user("hi"), max_tokens=8, seed=3, stream=True) if c.choices]
+    stream = oc.chat.completions.create(model="m", messages=msgs, max_tokens=8, seed=3, stream=True)
+    parts = [c.choices[0].delta.content or "" for c in stream if c.choices]
     assert "".join(parts) == full.choices[0].message.content
 
 
@@ -206,10 +237,19 @@ def test_auth_only_when_configured(fleet: Fleet, client: httpx.Client) -> None:
 @needs_schemas
 @pytest.mark.parametrize("stream", [False, True])
 def test_forced_tool_call(fleet: Fleet, client: httpx.Client, stream: bool) -> None:
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}}}}
-    body = {"messages": user("weather?"), "tools": [tool], "stream": stream,
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    body = {
+        "messages": user("weather?"),
+        "tools": [tool],
+        "stream": stream,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
     url = fleet.url("fast") + "/chat/completions"
     if not stream:
         doc = client.post(url, json=body).json()
@@ -223,8 +263,11 @@ def test_forced_tool_call(fleet: Fleet, client: httpx.Client, stream: bool) -> N
         chunks = sse(s)[:-1]
     for c in chunks:
         validate("CreateChatCompletionStreamResponse", c)
-    args = "".join(tc["function"].get("arguments", "") for c in chunks
-                   for tc in c["choices"][0]["delta"].get("tool_calls", []))
+    args = "".join(
+        tc["function"].get("arguments", "")
+        for c in chunks
+        for tc in c["choices"][0]["delta"].get("tool_calls", [])
+    )
     assert set(json.loads(args)) == {"city"}
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     # Without a forcing tool_choice, tools are just accepted and the answer is text.
@@ -246,8 +289,9 @@ def test_determinism_for_seed_and_prompt(fleet: Fleet, client: httpx.Client) -> 
 
 
 @pytest.mark.parametrize("limit", [None, 40])
-def test_continuation_completes_the_unbroken_answer(fleet: Fleet, client: httpx.Client,
-                                                    limit: int | None) -> None:
+def test_continuation_completes_the_unbroken_answer(
+    fleet: Fleet, client: httpx.Client, limit: int | None
+) -> None:
     url = fleet.url("fast") + "/chat/completions"
     msgs = [{"role": "system", "content": "be brief"}, *user(f"question {uuid.uuid4()}")]
     extra = {} if limit is None else {"max_tokens": limit}
@@ -258,19 +302,21 @@ def test_continuation_completes_the_unbroken_answer(fleet: Fleet, client: httpx.
     for k in (1, len(words) // 2, len(words) - 1):
         partial = " ".join(words[:k])
         budget = {} if limit is None else {"max_tokens": limit - k}
-        cont = client.post(url, json={"messages": [*msgs, {"role": "assistant",
-                                                             "content": partial}], **budget})
+        cont = client.post(
+            url, json={"messages": [*msgs, {"role": "assistant", "content": partial}], **budget}
+        )
         doc = cont.json()
         assert partial + doc["choices"][0]["message"]["content"] == full
         assert doc["usage"]["completion_tokens"] == len(words) - k
         assert doc["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
 
 
-# -- engine timing -----------------------------------------------------------------------------------
+# -- engine timing ---------------------------------------------------------------------------
 def test_ttft_grows_with_prompt_length(fleet: Fleet, client: httpx.Client) -> None:
     url = fleet.url("prefill")
-    short, _, u1 = stream_ttft(client, url, {"messages": user(f"hi {uuid.uuid4()}"),
-                                             "max_tokens": 2})
+    short, _, u1 = stream_ttft(
+        client, url, {"messages": user(f"hi {uuid.uuid4()}"), "max_tokens": 2}
+    )
     long_text = f"{uuid.uuid4()} " + "lorem ipsum dolor " * 450  # ~2000 tokens
     long, _, u2 = stream_ttft(client, url, {"messages": user(long_text), "max_tokens": 2})
     assert u2["prompt_tokens"] > 1900 and u2["prompt_tokens_details"]["cached_tokens"] == 0
@@ -281,10 +327,10 @@ def test_ttft_grows_with_prompt_length(fleet: Fleet, client: httpx.Client) -> No
 def test_repeated_prefix_is_cached_and_faster(fleet: Fleet, client: httpx.Client) -> None:
     url = fleet.url("prefill")
     system = {"role": "system", "content": f"{uuid.uuid4()} " + "policy text here " * 500}
-    cold, _, u1 = stream_ttft(client, url, {"messages": [system, *user("first?")],
-                                            "max_tokens": 2})
-    warm, _, u2 = stream_ttft(client, url, {"messages": [system, *user("second?")],
-                                            "max_tokens": 2})
+    cold, _, u1 = stream_ttft(client, url, {"messages": [system, *user("first?")], "max_tokens": 2})
+    warm, _, u2 = stream_ttft(
+        client, url, {"messages": [system, *user("second?")], "max_tokens": 2}
+    )
     assert u1["prompt_tokens_details"]["cached_tokens"] == 0
     cached = u2["prompt_tokens_details"]["cached_tokens"]
     assert cached >= u1["prompt_tokens"] - 32 and cached % 16 == 0
@@ -298,8 +344,11 @@ async def _stream_timings(url: str, n: int, max_tokens: int) -> list[tuple[float
 
         async def one(i: int) -> tuple[float, float]:
             t0, first = time.perf_counter(), None
-            body = {"messages": user(f"req {i} {uuid.uuid4()}"), "max_tokens": max_tokens,
-                    "stream": True}
+            body = {
+                "messages": user(f"req {i} {uuid.uuid4()}"),
+                "max_tokens": max_tokens,
+                "stream": True,
+            }
             async with ac.stream("POST", url + "/chat/completions", json=body) as r:
                 async for line in r.aiter_lines():
                     if first is None and '"content":"' in line and '"content":""' not in line:

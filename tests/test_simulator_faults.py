@@ -13,14 +13,23 @@ import pytest
 
 from loadtests.simulator.testing import Fleet, run_fleet
 
-BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                        "max_tokens": 10}
+BODY: dict[str, Any] = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 10,
+}
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
-    with run_fleet([{"name": "f", "profile": "fast"}, {"name": "other", "profile": "fast"},
-                    {"name": "zero", "profile": "zero-latency"}], admin=True) as f:
+    with run_fleet(
+        [
+            {"name": "f", "profile": "fast"},
+            {"name": "other", "profile": "fast"},
+            {"name": "zero", "profile": "zero-latency"},
+        ],
+        admin=True,
+    ) as f:
         yield f
 
 
@@ -44,23 +53,26 @@ def test_error_rate_with_statuses(fleet: Fleet, url: str, client: httpx.Client) 
     assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
     assert r.headers["x-sim-instance"] == "f"
     fleet.set_faults("f", error_rate=0.5, error_status=[500, 502])
-    codes = Counter(client.post(url + "/chat/completions", json=BODY).status_code
-                    for _ in range(40))
+    codes = Counter(
+        client.post(url + "/chat/completions", json=BODY).status_code for _ in range(40)
+    )
     assert set(codes) == {200, 500, 502}, codes
     assert fleet.stats("f")["faults_injected"]["error"] == 1 + codes[500] + codes[502]
     # The other instance is unaffected.
     assert client.post(fleet.url("other") + "/chat/completions", json=BODY).status_code == 200
 
 
-def test_rate_limit_sends_429_with_retry_after(fleet: Fleet, url: str,
-                                               client: httpx.Client) -> None:
+def test_rate_limit_sends_429_with_retry_after(
+    fleet: Fleet, url: str, client: httpx.Client
+) -> None:
     fleet.set_faults("f", rate_limit=1.0, retry_after_s=7)
     r = client.post(url + "/chat/completions", json=BODY)
     assert r.status_code == 429 and r.headers["retry-after"] == "7"
     assert r.json()["error"]["code"] == "rate_limit_exceeded"
     fleet.set_faults("f", rate_limit=0.5)
-    codes = Counter(client.post(url + "/embeddings", json={"input": "x"}).status_code
-                    for _ in range(30))
+    codes = Counter(
+        client.post(url + "/embeddings", json={"input": "x"}).status_code for _ in range(30)
+    )
     assert set(codes) == {200, 429}
 
 
@@ -106,8 +118,9 @@ def test_refuse_connections_and_recover(fleet: Fleet, url: str) -> None:
         assert r.status_code == 200 and r.headers["x-sim-instance"] == "f"
 
 
-def test_refuse_and_recover_through_fleet_admin_port(fleet: Fleet, url: str,
-                                                     client: httpx.Client) -> None:
+def test_refuse_and_recover_through_fleet_admin_port(
+    fleet: Fleet, url: str, client: httpx.Client
+) -> None:
     admin = fleet.admin_url
     assert admin is not None
     listing = client.get(admin + "/instances").json()
@@ -125,15 +138,17 @@ def test_cut_stream_midway(fleet: Fleet, url: str, client: httpx.Client) -> None
     fleet.set_faults("f", cut_stream_after_chunks=3)
     received: list[str] = []
     body = {**BODY, "stream": True}
-    with pytest.raises(httpx.RemoteProtocolError), client.stream(
-        "POST", url + "/chat/completions", json=body
-    ) as r:
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        client.stream("POST", url + "/chat/completions", json=body) as r,
+    ):
         assert r.status_code == 200
         for line in r.iter_lines():
             received.append(line)
     data = [json.loads(x[6:]) for x in received if x.startswith("data: {")]
-    contents = [d["choices"][0]["delta"]["content"] for d in data
-                if d["choices"][0]["delta"].get("content")]
+    contents = [
+        d["choices"][0]["delta"]["content"] for d in data if d["choices"][0]["delta"].get("content")
+    ]
     assert len(contents) == 3 and "data: [DONE]" not in received
     # Non-streaming bodies are cut too: the client sees an incomplete response.
     with pytest.raises(httpx.RemoteProtocolError):

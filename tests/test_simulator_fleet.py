@@ -55,8 +55,9 @@ def test_shipped_fleet_files_are_valid() -> None:
 
 def test_spawned_fleet_process_starts_fast_and_is_controllable() -> None:
     t0 = time.perf_counter()
-    with spawn_fleet([{"name": "a", "profile": "fast"},
-                      {"name": "z", "profile": "zero-latency"}]) as fleet:
+    with spawn_fleet(
+        [{"name": "a", "profile": "fast"}, {"name": "z", "profile": "zero-latency"}]
+    ) as fleet:
         started = time.perf_counter() - t0
         assert started < 3.0, started  # ~0.3 s on an idle machine
         r = httpx.post(fleet.url("z") + "/chat/completions", json=BODY)
@@ -78,8 +79,15 @@ def test_command_line_fleet_file_and_sigterm(tmp_path: Path) -> None:
         "  - {name: two, profile: low-latency, port: 0, speed: 4}\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "loadtests.simulator", "fleet", "--file", str(fleet_file),
-           "--ready-line"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "loadtests.simulator",
+        "fleet",
+        "--file",
+        str(fleet_file),
+        "--ready-line",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
@@ -88,7 +96,7 @@ def test_command_line_fleet_file_and_sigterm(tmp_path: Path) -> None:
             lines.append(line)
             if line.startswith(READY_PREFIX):
                 break
-        ready = json.loads(lines[-1][len(READY_PREFIX):])
+        ready = json.loads(lines[-1][len(READY_PREFIX) :])
         assert any("one" in x and "/v1" in x for x in lines[:-1])
         r = httpx.post(ready["instances"]["two"] + "/chat/completions", json=BODY, timeout=5)
         assert r.status_code == 200 and r.headers["x-sim-instance"] == "two"
