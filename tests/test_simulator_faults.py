@@ -195,3 +195,28 @@ def test_instance_admin_endpoints(fleet: Fleet, url: str, client: httpx.Client) 
     assert client.get(root + "/admin/stats").json()["requests"] == 0
     with pytest.raises(ValueError):
         fleet.set_faults("f", ttft_multiplier=0)
+
+
+def test_cut_stream_then_continuation_rebuilds_the_answer(
+    fleet: Fleet, url: str, client: httpx.Client
+) -> None:
+    """The resume path a gateway uses: keep what arrived, ask for the rest, join them."""
+    body = {**BODY, "max_tokens": 12, "seed": 9}
+    whole = client.post(url + "/chat/completions", json=body).json()
+    full = whole["choices"][0]["message"]["content"]
+    fleet.set_faults("f", cut_stream_after_chunks=5)
+    parts: list[str] = []
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        client.stream("POST", url + "/chat/completions", json={**body, "stream": True}) as r,
+    ):
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                parts.append(json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+    fleet.clear_faults("f")
+    partial = "".join(parts)
+    messages = [*BODY["messages"], {"role": "assistant", "content": partial}]
+    rest = client.post(
+        url + "/chat/completions", json={**body, "messages": messages, "max_tokens": 7}
+    ).json()
+    assert partial + rest["choices"][0]["message"]["content"] == full
