@@ -122,9 +122,10 @@ class Engine:
         """Sleep for the prefill of the uncached part; return the cached token count."""
         cached, ids = self.lookup(prompt_text, prompt_tokens)
         p, f = self.profile, self.faults.faults
-        delay_ms = (p.ttft_base_ms + p.prefill_ms_per_token * (prompt_tokens - cached)) * (
-            f.ttft_multiplier
-        ) + f.slow_first_token_ms
+        compute_ms = 0.0 if p.zero_latency else p.ttft_base_ms
+        if not p.zero_latency:
+            compute_ms += p.prefill_ms_per_token * (prompt_tokens - cached)
+        delay_ms = compute_ms * f.ttft_multiplier + f.slow_first_token_ms
         if delay_ms > 0:
             await asyncio.sleep(delay_ms / 1000)
         self.cache.store(ids)

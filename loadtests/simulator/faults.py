@@ -19,20 +19,26 @@ class Faults(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     error_rate: float = Field(
-        0.0, ge=0, le=1, description="share of requests answered with an error"
+        default=0.0, ge=0, le=1, description="share of requests answered with an error"
     )
     error_status: list[int] = Field(default_factory=lambda: [500], min_length=1)
-    rate_limit: float = Field(0.0, ge=0, le=1, description="share of requests answered 429")
-    retry_after_s: int = Field(1, ge=0, description="Retry-After header value on 429")
-    slow_first_token_ms: float = Field(0.0, ge=0, description="extra delay before the first token")
-    ttft_multiplier: float = Field(1.0, gt=0, description="scales base + prefill time")
-    hang: bool = Field(False, description="never answer; wait until the client gives up")
-    refuse_connections: bool = Field(False, description="stop listening: connection refused")
-    cut_stream_after_chunks: int | None = Field(
-        None, ge=0, description="close the connection after N content chunks, without [DONE]"
+    rate_limit: float = Field(default=0.0, ge=0, le=1, description="share of requests answered 429")
+    retry_after_s: int = Field(default=1, ge=0, description="Retry-After header value on 429")
+    slow_first_token_ms: float = Field(
+        default=0.0, ge=0, description="extra delay before the first token"
     )
-    slow_decode: float = Field(1.0, ge=1, description="decode this many times slower")
-    unhealthy: bool = Field(False, description="GET /health answers 503")
+    ttft_multiplier: float = Field(default=1.0, gt=0, description="scales base + prefill time")
+    hang: bool = Field(default=False, description="never answer; wait until the client gives up")
+    refuse_connections: bool = Field(
+        default=False, description="stop listening: connection refused"
+    )
+    cut_stream_after_chunks: int | None = Field(
+        default=None,
+        ge=0,
+        description="close the connection after N content chunks, without [DONE]",
+    )
+    slow_decode: float = Field(default=1.0, ge=1, description="decode this many times slower")
+    unhealthy: bool = Field(default=False, description="GET /health answers 503")
 
     @field_validator("error_status")
     @classmethod

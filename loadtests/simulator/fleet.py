@@ -31,7 +31,7 @@ class FleetServer:
             s.name: Instance(s, resolve_profile(s, profiles_file)) for s in specs
         }
         self.admin_host, self.admin_port = admin_host, admin_port
-        self._admin_server: asyncio.AbstractServer | None = None
+        self._admin_server: asyncio.Server | None = None
         self._admin_conns: set[Connection] = set()
 
     @property

@@ -113,6 +113,11 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers[name.lower()] = value
 
+    def on_headers_complete(self) -> None:
+        # curl sends "Expect: 100-continue" for larger bodies and waits a second without this.
+        if self._headers.get(b"expect", b"").lower() == b"100-continue":
+            self._write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
 
@@ -217,7 +222,7 @@ class Connection(asyncio.Protocol):
 
 async def listen(
     app: App, host: str, port: int, registry: set[Connection], extra_headers: bytes = b""
-) -> asyncio.AbstractServer:
+) -> asyncio.Server:
     """Start accepting connections for ``app``."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(

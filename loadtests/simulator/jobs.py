@@ -97,8 +97,13 @@ def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not isinstance(tools, list) or not tools:
         return None
-    fns = [t.get("function") for t in tools if isinstance(t, dict)]
-    fns = [f for f in fns if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    fns: list[dict[str, Any]] = [
+        t["function"]
+        for t in tools
+        if isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+    ]
     if not fns:
         return None
     if choice == "required":

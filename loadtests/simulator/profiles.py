@@ -26,30 +26,34 @@ class Profile(BaseModel):
     description: str = ""
     models: list[str] = Field(default_factory=lambda: ["sim-model"], min_length=1)
     # Capacity: sequences decoded together; FIFO queue behind them (None = unbounded).
-    max_batch: int = Field(8, ge=1)
-    max_queue: int | None = Field(None, ge=0)
-    overload_status: int = Field(503, description="status when the queue is full (503 or 429)")
-    context_window: int = Field(32768, ge=1)
+    max_batch: int = Field(default=8, ge=1)
+    max_queue: int | None = Field(default=None, ge=0)
+    overload_status: int = Field(
+        default=503, description="status when the queue is full (503 or 429)"
+    )
+    context_window: int = Field(default=32768, ge=1)
     # Time to first token = queue wait + ttft_base_ms + prefill_ms_per_token * uncached tokens.
-    ttft_base_ms: float = Field(20.0, ge=0)
-    prefill_ms_per_token: float = Field(0.2, ge=0)
+    ttft_base_ms: float = Field(default=20.0, ge=0)
+    prefill_ms_per_token: float = Field(default=0.2, ge=0)
     # Per-sequence decode rate: decode_tps_alone with one sequence, linearly down to
     # decode_tps_full when max_batch sequences are active.
-    decode_tps_alone: float = Field(80.0, gt=0)
-    decode_tps_full: float = Field(40.0, gt=0)
-    tick_ms: float = Field(5.0, gt=0, description="shortest sleep between decode steps")
-    early_headers: bool = Field(False, description="stream headers at once, not with token 1")
+    decode_tps_alone: float = Field(default=80.0, gt=0)
+    decode_tps_full: float = Field(default=40.0, gt=0)
+    tick_ms: float = Field(default=5.0, gt=0, description="shortest sleep between decode steps")
+    early_headers: bool = Field(
+        default=False, description="stream headers at once, not with token 1"
+    )
     # Output length when the request gives no max_tokens: lognormal around output_mean.
-    output_mean: int = Field(200, ge=1)
-    output_sigma: float = Field(0.5, ge=0)
-    max_output: int = Field(4096, ge=1)
+    output_mean: int = Field(default=200, ge=1)
+    output_sigma: float = Field(default=0.5, ge=0)
+    max_output: int = Field(default=4096, ge=1)
     # Prefix cache: LRU of chained block hashes, block_tokens tokens per block.
-    prefix_cache_blocks: int = Field(8192, ge=0)
-    block_tokens: int = Field(16, ge=1)
-    embedding_dim: int = Field(384, ge=1)
+    prefix_cache_blocks: int = Field(default=8192, ge=0)
+    block_tokens: int = Field(default=16, ge=1)
+    embedding_dim: int = Field(default=384, ge=1)
     # zero_latency: no sleeps, no batching, a fixed answer of static_output_tokens words.
     zero_latency: bool = False
-    static_output_tokens: int = Field(16, ge=1)
+    static_output_tokens: int = Field(default=16, ge=1)
 
     @model_validator(mode="after")
     def _check(self) -> Profile:
@@ -87,8 +91,8 @@ class InstanceSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     profile: str = "fast"
     host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535)
-    speed: float = Field(1.0, gt=0)
+    port: int = Field(default=0, ge=0, le=65535)
+    speed: float = Field(default=1.0, gt=0)
     overrides: dict[str, Any] = Field(default_factory=dict)
     api_key: str | None = None
     faults: Faults | None = None
@@ -101,7 +105,7 @@ class FleetFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     admin_host: str = "127.0.0.1"
-    admin_port: int | None = Field(None, ge=0, le=65535)
+    admin_port: int | None = Field(default=None, ge=0, le=65535)
     profiles_file: str | None = None
     instances: list[InstanceSpec] = Field(min_length=1)
 

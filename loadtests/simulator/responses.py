@@ -36,6 +36,9 @@ class ChatFormat:
     """Bodies and chunks of ``/v1/chat/completions`` for one response."""
 
     object_chunk = "chat.completion.chunk"
+    # OpenAI's chat chunks carry "usage": null until the last one when usage is requested; the
+    # legacy completion schema has no null usage, so those chunks leave the field out.
+    null_usage = True
 
     def __init__(
         self, rid: str, created: int, model: str, fingerprint: str, include_usage: bool
@@ -50,7 +53,8 @@ class ChatFormat:
         self.include_usage = include_usage
         prefix = orjson.dumps(self.base)[:-1]  # drop the closing brace
         self.head = b"data: " + prefix + self._choice_open()
-        self.tail = self._choice_close() + (b',"usage":null}\n\n' if include_usage else b"}\n\n")
+        null_usage = include_usage and self.null_usage
+        self.tail = self._choice_close() + (b',"usage":null}\n\n' if null_usage else b"}\n\n")
 
     def _choice_open(self) -> bytes:
         return b',"choices":[{"index":0,"delta":{"content":'
@@ -60,7 +64,7 @@ class ChatFormat:
 
     def chunk(self, choices: list[dict[str, Any]], usage_: dict[str, Any] | None = None) -> bytes:
         d: dict[str, Any] = {**self.base, "choices": choices}
-        if self.include_usage:
+        if usage_ is not None or (self.include_usage and self.null_usage):
             d["usage"] = usage_
         return b"data: " + orjson.dumps(d) + b"\n\n"
 
@@ -113,6 +117,7 @@ class CompletionFormat(ChatFormat):
     """Bodies and chunks of the legacy ``/v1/completions`` (chunks share the body's shape)."""
 
     object_chunk = "text_completion"
+    null_usage = False
 
     def _choice_open(self) -> bytes:
         return b',"choices":[{"index":0,"text":'

@@ -66,7 +66,7 @@ class Instance(App):
         self.engine = Engine(profile, self.faults)
         self.stats = Stats()
         self.connections: set[Connection] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._ids = itertools.count(1)
         self.auth = f"Bearer {spec.api_key}".encode() if spec.api_key else None
         self.extra = b"x-sim-instance: " + self.name.encode() + b"\r\n"

@@ -44,8 +44,10 @@ class Fleet:
         admin_url: str | None,
         control: _Control,
         closer: Callable[[], None],
+        pid: int | None = None,
     ) -> None:
         self._urls = urls
+        self.pid = pid  # the child's process id (spawn_fleet), e.g. to measure its CPU time
         self.admin_url = admin_url
         self._control = control
         self._closer: Callable[[], None] | None = closer
@@ -238,7 +240,7 @@ def spawn_fleet(
             proc.wait()
 
     control = _HttpControl(ready["admin"])
-    return Fleet(ready["instances"], ready["admin"], control, close)
+    return Fleet(ready["instances"], ready["admin"], control, close, pid=proc.pid)
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], timeout_s: float) -> dict[str, Any]:
