@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,19 +19,11 @@ import pytest
 from loadtests.simulator.testing import Fleet, run_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA_CANDIDATES = [
-    os.environ.get("OPENAI_SCHEMAS", ""),
-    str(ROOT / "shared/openai/openai_schemas.json"),
-    str(ROOT.parent / "shared/openai/openai_schemas.json"),
-    "/work/shared/openai/openai_schemas.json",
-]
+SCHEMA_FILE = ROOT / "tests" / "data" / "openai_schemas.json"
 
 
 def _schemas() -> dict[str, Any] | None:
-    for c in SCHEMA_CANDIDATES:
-        if c and Path(c).is_file():
-            return json.loads(Path(c).read_text())["schemas"]
-    return None
+    return json.loads(SCHEMA_FILE.read_text())["schemas"]
 
 
 SCHEMAS = _schemas()
