@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -22,7 +23,17 @@ class Context:
     similarity: float | None = None
     degraded: bool = False
     status: int = 0
+    ttft_s: float | None = None
+    end: float = 0.0
+    resumed: bool = False
     failures: list[str] = field(default_factory=list)
+    # Set for streams: called once when the stream has ended (the request is then recorded).
+    on_done: Callable[[Context], None] | None = None
+
+    def done(self) -> None:
+        cb, self.on_done = self.on_done, None
+        if cb is not None:
+            cb(self)
 
     def headers(self) -> dict[str, str]:
         h = {"x-request-id": self.request_id, "x-gateway-cache": self.cache}

@@ -257,8 +257,8 @@ class StreamRelay:
         self.on_complete, self.on_abort = on_complete, on_abort
         self.resume = decision.alias.resume and acc.endpoint == "chat"
         self.assembler = StreamAssembler() if (on_complete is not None or self.resume) else None
-        self.first_meta: dict[str, Any] | None = None
         self.resumed_from: str | None = None
+        self._broken: UpstreamFailure | None = None
 
     async def run(
         self, stream: UpstreamStream, member: ProviderState, start: float
@@ -289,6 +289,9 @@ class StreamRelay:
                 self.on_complete(orjson.dumps(asm.to_completion()))
             elif self.on_abort is not None:
                 self.on_abort()
+            if not completed and self.ctx.status == 200:
+                self.ctx.status = 502 if self._broken is not None else 499
+            self.ctx.done()
 
     async def _forward(
         self, stream: UpstreamStream, member: ProviderState, start: float
@@ -311,6 +314,8 @@ class StreamRelay:
                     if self.assembler is not None:
                         self.assembler.feed_event(ev)
                     events += 1
+                    if self.ctx.ttft_s is None:
+                        self.ctx.ttft_s = time.perf_counter() - self.ctx.start
                     yield ev
             settled = True
             total = time.monotonic() - start
@@ -347,6 +352,7 @@ class StreamRelay:
             body.pop("max_completion_tokens", None)
             body["max_tokens"] = remaining
         self.resumed_from = self.ctx.provider
+        self.ctx.resumed = True
         try:
             return await self.d.open_stream(
                 self.snap, body, self.acc.model, PATHS["chat"], self.candidates, self.ctx

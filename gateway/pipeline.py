@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -69,10 +70,27 @@ class Pipeline:
         self.dispatcher = Dispatcher(Router())
         self.exact: Store = RedisStore(self.state) if self.state.enabled else MemoryLRU()
         self.flights = SingleFlight()
+        self.observers: list[Callable[[Context], None]] = []
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         ctx = Context(request.headers.get("x-request-id") or uuid.uuid4().hex, time.perf_counter())
         ctx.endpoint = endpoint
+        response = await self._handle(request, ctx)
+        ctx.status = response.status_code
+        if isinstance(response, StreamingResponse):
+            ctx.on_done = self.record  # 7. Record, once the stream has ended
+        else:
+            self.record(ctx)
+        return response
+
+    def record(self, ctx: Context) -> None:
+        """7. Record: every observer (metrics, logs, traces) sees each finished request once."""
+        ctx.end = time.perf_counter()
+        for observe in self.observers:
+            observe(ctx)
+
+    async def _handle(self, request: Request, ctx: Context) -> Response:
+        endpoint: Endpoint = ctx.endpoint  # type: ignore[assignment]
         snap = self.runtime.snapshot
         try:
             # 1. Accept
