@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_type_hints
 
 import typer
 from rich.console import Console
@@ -130,14 +130,23 @@ def show(result: Result) -> None:
         console.print(report.markdown_table(report._clean(rows)), markup=False, soft_wrap=True)  # type: ignore[arg-type]
 
 
-def command(func: Callable[..., Awaitable[Result] | Callable[[Bench], Awaitable[Result]]]) -> Any:
-    """Register a mode: its own parameters plus ``Common``'s; it returns the coroutine to run."""
-    own = list(inspect.signature(func).parameters.values())
+def command(func: Callable[..., Any]) -> Any:
+    """Register a mode: its own parameters plus ``Common``'s; it returns the coroutine to run.
+
+    Typer reads the wrapper's signature, so the annotations are resolved here (this module uses
+    postponed annotations, and a hand-made signature is not evaluated by ``inspect``).
+    """
+    hints = {**get_type_hints(func, include_extras=True)}
+    hints.update(get_type_hints(Common, include_extras=True))
+    own = [
+        p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[p.name])
+        for p in inspect.signature(func).parameters.values()
+    ]
     common = [
         inspect.Parameter(
             f.name,
             inspect.Parameter.KEYWORD_ONLY,
-            annotation=f.type,
+            annotation=hints[f.name],
             default=[] if f.default is MISSING else f.default,  # --url may come from the mode
         )
         for f in fields(Common)
@@ -149,11 +158,10 @@ def command(func: Callable[..., Awaitable[Result] | Callable[[Bench], Awaitable[
         body = func(**kwargs)
         if isinstance(body, tuple):  # (body, URLs) for modes that name their own targets
             body, c.url = body
-        execute(c, body)  # type: ignore[arg-type]
+        execute(c, body)
 
-    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + common
-    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {**func.__annotations__, **{f.name: f.type for f in fields(Common)}}
+    wrapper.__signature__ = inspect.Signature(own + common)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in own + common}
     return app.command(func.__name__)(wrapper)
 
 

@@ -121,6 +121,18 @@ def plot(result: Result, out: Path) -> list[Path]:
             bars(rates, ("lat_p50_ms", "lat_p99_ms"), "label", out, "overhead_rates"),
             bars(t["max_throughput"], ("max_req_per_s",), "target", out, "overhead_max_throughput"),
         ]
+    if result.mode == "calibrate":
+        opened = t["open_loop"]
+        return [
+            *stepped(t["closed_loop"], out),
+            bars(
+                opened,
+                ("rate", "req_per_s", "achieved_send_rate"),
+                "rate",
+                out,
+                "calibrate_open_loop",
+            ),
+        ]
     if result.mode == "coldstart":
         return [bars(t["rounds"], ("cold_ms", "warm_p50_ms"), "round", out, "coldstart")]
     if result.mode == "baseline":
