@@ -50,7 +50,7 @@ async def calibrate(b: Bench, steps: list[int], rates: list[float], seconds: flo
         samples: list = []
         async with b.progress.phase(f"closed c={c}", seconds):
             stats = await closed_loop(
-                lambda: b.send(target, "closed"), samples.append, c, seconds, b.max_requests
+                b.sender(target, "closed"), samples.append, c, seconds, b.max_requests
             )
         closed.append({"concurrency": c, **summary_row(samples, stats.wall_s)})
     opened: list[Row] = []
@@ -60,15 +60,14 @@ async def calibrate(b: Bench, steps: list[int], rates: list[float], seconds: flo
         opened.append({"rate": rate, **row})
     res.tables["closed_loop"] = closed
     res.tables["open_loop"] = opened
-    peak = max(closed, key=lambda r: float(r["req_per_s"]))  # type: ignore[arg-type]
+    peak = max(closed, key=lambda r: float(r["req_per_s"]))
     res.notes.append(f"closed-loop peak: {peak['req_per_s']:.0f} req/s at c={peak['concurrency']}")
     kept = [
         r
         for r in opened
-        if float(r["req_per_s"]) >= 0.95 * float(r["rate"])  # type: ignore[arg-type]
-        and float(r["late_p99_ms"]) < 10
-    ]  # type: ignore[arg-type]
-    best = max((float(r["rate"]) for r in kept), default=0.0)  # type: ignore[arg-type]
+        if float(r["req_per_s"]) >= 0.95 * float(r["rate"]) and float(r["late_p99_ms"]) < 10
+    ]
+    best = max((float(r["rate"]) for r in kept), default=0.0)
     res.notes.append(
         f"open loop keeps up (>=95% of rate, send lateness p99 < 10 ms) up to "
         f"{best:g} req/s of the rates tried"

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
@@ -111,13 +111,13 @@ def execute(
     return result
 
 
-def run_async(coro: Awaitable[Result]) -> Result:
+def run_async(coro: Coroutine[Any, Any, Result]) -> Result:
     try:
         import uvloop
 
-        return uvloop.run(coro)  # type: ignore[arg-type]
+        return uvloop.run(coro)
     except ImportError:
-        return asyncio.run(coro)  # type: ignore[arg-type]
+        return asyncio.run(coro)
 
 
 def show(result: Result) -> None:
@@ -127,7 +127,7 @@ def show(result: Result) -> None:
         console.print(f"  • {note}")
     for title, rows in result.tables.items():
         console.print(f"\n[bold]{title}[/bold]")
-        console.print(report.markdown_table(report._clean(rows)), markup=False, soft_wrap=True)  # type: ignore[arg-type]
+        console.print(report.markdown_table(report._clean(rows)), markup=False, soft_wrap=True)
 
 
 def command(func: Callable[..., Any]) -> Any:

@@ -90,7 +90,7 @@ def add_ratios(rows: list[Row], keys: tuple[str, ...] = RATIO_KEYS, added: bool 
     for row in rows:
         for k in keys:
             if k in row and k in ref:
-                v, r = float(row[k]), float(ref[k])  # type: ignore[arg-type]
+                v, r = float(row[k]), float(ref[k])
                 row[f"{k}_ratio"] = ratio(v, r)
                 if added and k.endswith("_ms"):
                     row[f"added_{k}"] = v - r
@@ -104,8 +104,8 @@ async def _closed_rounds(
             for t in rotated(b.targets, r):
                 book.meter.start()
                 stats = await closed_loop(
-                    lambda t=t: b.send(t, phase),
-                    book.sink(b, (phase, t.name)),  # type: ignore[misc]
+                    b.sender(t, phase),
+                    book.sink(b, (phase, t.name)),
                     concurrency,
                     math.inf,
                     per_round,
@@ -215,7 +215,7 @@ async def _throughput(b: Bench, book: _Book, plan: OverheadPlan) -> tuple[list[R
             else:
                 async with b.progress.phase(f"{phase} {t.name}", plan.step_s):
                     stats = await closed_loop(
-                        lambda t=t, phase=phase: b.send(t, phase),  # type: ignore[misc]
+                        b.sender(t, phase),
                         book.sink(b, (phase, t.name)),
                         c,
                         plan.step_s,
@@ -231,7 +231,7 @@ async def _throughput(b: Bench, book: _Book, plan: OverheadPlan) -> tuple[list[R
     best: list[Row] = []
     for t in b.targets:
         mine = [r for r in rows if r["target"] == t.name and _error_free(r)]
-        top = max(mine, key=lambda r: float(r["req_per_s"]), default=None)  # type: ignore[arg-type]
+        top = max(mine, key=lambda r: float(r["req_per_s"]), default=None)
         best.append(
             {
                 "target": t.name,
@@ -245,9 +245,9 @@ async def _throughput(b: Bench, book: _Book, plan: OverheadPlan) -> tuple[list[R
 
 def _error_free(row: Row) -> bool:
     """A step counts as sustained when under 1% of its requests failed."""
-    n = float(row.get("requests", 0) or 0)  # type: ignore[arg-type]
-    errors = float(row.get("errors", 0) or 0) + float(row.get("non_2xx", 0) or 0)  # type: ignore[arg-type]
-    errors += float(row.get("socket_errors", 0) or 0)  # type: ignore[arg-type]
+    n = float(row.get("requests", 0) or 0)
+    errors = float(row.get("errors", 0) or 0) + float(row.get("non_2xx", 0) or 0)
+    errors += float(row.get("socket_errors", 0) or 0)
     return n > 0 and errors / n < 0.01
 
 

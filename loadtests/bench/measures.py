@@ -10,11 +10,12 @@ import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .client import Sample
 from .stats import percentiles, summarize, window_index
 
-Row = dict[str, object]
+Row = dict[str, Any]  # one table row: JSON-ready values
 
 
 def _ms(values: Sequence[float], prefix: str, qs: Sequence[float] = (50.0, 90.0, 99.0)) -> Row:

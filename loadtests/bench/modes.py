@@ -33,7 +33,7 @@ async def baseline(b: Bench, repeats: int, warmup: int = 1) -> Result:
     res = Result("baseline", {"repeats": repeats, "warmup": warmup}, t0=time.perf_counter())
     sink = _collect(b, res.samples)
     async with b.progress.phase("baseline", None, repeats):
-        stats = await closed_loop(lambda: b.send(target, "baseline"), sink, 1, math.inf, repeats)  # type: ignore[arg-type]
+        stats = await closed_loop(b.sender(target, "baseline"), sink, 1, math.inf, repeats)
     res.tables["baseline"] = [summary_row(res.samples, stats.wall_s)]
     return res
 
@@ -48,16 +48,16 @@ async def stepped(b: Bench, steps: list[int], step_s: float) -> Result:
         tag = f"c={c}"
         async with b.progress.phase(f"concurrency {c}", step_s):
             stats = await closed_loop(
-                lambda tag=tag: b.send(target, tag),
+                b.sender(target, tag),
                 _collect(b, step),
                 c,
                 step_s,
-                b.max_requests,  # type: ignore[misc]
+                b.max_requests,
             )
         rows.append({"concurrency": c, **summary_row(step, stats.wall_s)})
         res.samples.extend(step)
     res.tables["steps"] = rows
-    best = max(rows, key=lambda r: float(r["req_per_s"]))  # type: ignore[arg-type]
+    best = max(rows, key=lambda r: float(r["req_per_s"]))
     res.notes.append(f"peak {best['req_per_s']:.1f} req/s at concurrency {best['concurrency']}")
     return res
 
@@ -127,7 +127,7 @@ async def openloop(
 
 
 def _lateness_note(res: Result, row: Row) -> None:
-    late99 = float(row["late_p99_ms"])  # type: ignore[arg-type]
+    late99 = float(row["late_p99_ms"])
     if late99 > 10:
         res.notes.append(
             f"generator or in-flight cap was late: send lateness p99 {late99:.1f} ms "
@@ -181,7 +181,7 @@ def _attach_process(rows: list[Row], sampler: Sampler, t0: float, window_s: floa
     """Add each process's RSS (end of window) and CPU % (over the window) to the window rows."""
     for name, series in sampler.series.items():
         for row in rows:
-            lo, hi = t0 + float(row["t_s"]), t0 + float(row["t_s"]) + window_s  # type: ignore[arg-type]
+            lo, hi = t0 + float(row["t_s"]), t0 + float(row["t_s"]) + window_s
             inside = [p for p in series if lo <= p.t <= hi]
             if len(inside) >= 2:
                 cpu = (inside[-1].cpu_s - inside[0].cpu_s) / (inside[-1].t - inside[0].t)
@@ -192,12 +192,12 @@ def _attach_process(rows: list[Row], sampler: Sampler, t0: float, window_s: floa
 
 def _drift(rows: list[Row], sampler: Sampler, duration_s: float, window_s: float) -> list[Row]:
     """Last complete window against the first, and RSS growth per process."""
-    full = [r for r in rows if float(r["t_s"]) + window_s <= duration_s + 1e-9]  # type: ignore[arg-type]
+    full = [r for r in rows if float(r["t_s"]) + window_s <= duration_s + 1e-9]
     out: list[Row] = []
     if len(full) >= 2:
         first, last = full[0], full[-1]
         for key in ("lat_p50_ms", "lat_p99_ms", "req_per_s", "errors"):
-            a, z = float(first[key]), float(last[key])  # type: ignore[arg-type]
+            a, z = float(first[key]), float(last[key])
             out.append({"metric": key, "first": a, "last": z, "ratio": ratio(z, a)})
     for name, series in sampler.series.items():
         if len(series) >= 2:
@@ -250,5 +250,5 @@ async def coldstart(b: Bench, idle_s: float, rounds: int, warm: int) -> Result:
     summary = {"cold": summary_row(cold_all, 0.0), "warm": summary_row(warm_all, 0.0)}
     res.tables["summary"] = [{"kind": k, **v} for k, v in summary.items()]
     c50, w50 = summary["cold"]["lat_p50_ms"], summary["warm"]["lat_p50_ms"]
-    res.notes.append(f"cold p50 / warm p50 = {ratio(float(c50), float(w50)):.2f}")  # type: ignore[arg-type]
+    res.notes.append(f"cold p50 / warm p50 = {ratio(float(c50), float(w50)):.2f}")
     return res

@@ -8,12 +8,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from .result import Result, Row  # noqa: E402
 
 
 def _col(rows: list[Row], key: str) -> list[float]:
-    return [float(r[key]) if r.get(key) is not None else float("nan") for r in rows]  # type: ignore[arg-type]
+    return [float(r[key]) if r.get(key) is not None else float("nan") for r in rows]
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -23,11 +24,16 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+def _log2_x(ax: plt.Axes, x: list[float]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [f"{v:g}" for v in x])
+
+
 def stepped(rows: list[Row], out: Path) -> list[Path]:
     x = _col(rows, "concurrency")
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(x, _col(rows, "req_per_s"), "o-", label="req/s")
-    ax.set_xscale("log", base=2)
+    _log2_x(ax, x)
     ax.set_xlabel("concurrency (closed-loop clients)")
     ax.set_ylabel("requests / s")
     ax2 = ax.twinx()
@@ -40,7 +46,7 @@ def stepped(rows: list[Row], out: Path) -> list[Path]:
     for key in ("lat_p50_ms", "lat_p90_ms", "lat_p99_ms", "ttft_p50_ms", "ttft_p99_ms"):
         if any(key in r for r in rows):
             ax.plot(x, _col(rows, key), "o-", label=key.replace("_ms", ""))
-    ax.set_xscale("log", base=2)
+    _log2_x(ax, x)
     ax.set_xlabel("concurrency")
     ax.set_ylabel("ms")
     ax.legend()
@@ -57,6 +63,7 @@ def over_time(rows: list[Row], out: Path, title: str) -> list[Path]:
         axes[0].plot(t, _col(rows, key), label=key.replace("_ms", ""))
     axes[0].set_ylabel("latency ms")
     axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_formatter(ScalarFormatter())
     axes[0].legend()
     axes[0].set_title(title)
     axes[1].bar(

@@ -8,13 +8,14 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from .result import Result, Row
 
 
-def _clean(value: object) -> object:
+def _clean(value: Any) -> Any:
     """NaN is not JSON: write null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -58,13 +59,30 @@ def _cell(value: object) -> str:
     return str(value).replace("|", "\\|")
 
 
-def markdown_table(rows: list[Row]) -> str:
+# Kept in result.json, left out of the markdown tables so they stay readable.
+MD_HIDDEN = frozenset(
+    {
+        "lat_std_ms",
+        "ttft_mean_ms",
+        "ttft_std_ms",
+        "service_p50_ms",
+        "late_p50_ms",
+        "wall_s",
+        "lat_p90_ms_ratio",
+        "added_lat_p90_ms",
+        "ok",
+        "out_tok_per_s_ratio",
+    }
+)
+
+
+def markdown_table(rows: list[Row], hidden: frozenset[str] = MD_HIDDEN) -> str:
     """A GitHub markdown table over the union of the rows' keys, in first-seen order."""
     if not rows:
         return "_(no rows)_\n"
     cols: list[str] = []
     for row in rows:
-        cols += [k for k in row if k not in cols]
+        cols += [k for k in row if k not in cols and k not in hidden]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -83,7 +101,7 @@ def to_markdown(result: Result, images: list[Path] | None = None) -> str:
         parts += [f"- {n}" for n in result.notes]
     for title, rows in result.tables.items():
         parts.append(f"\n## {title}\n")
-        parts.append(markdown_table(_clean(rows)))  # type: ignore[arg-type]
+        parts.append(markdown_table(_clean(rows)))
     for img in images or []:
         parts.append(f"\n![{img.stem}]({img.name})\n")
     return "\n".join(parts)

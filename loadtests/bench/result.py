@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .client import Client, Sample, Target
 from .progress import LiveProgress
 from .prompts import RequestFactory
 
-Row = dict[str, object]
+Row = dict[str, Any]  # one table row: JSON-ready values
 
 
 @dataclass(slots=True)
@@ -16,7 +18,7 @@ class Result:
     """Tables (title → rows) are the report; notes are the headline findings."""
 
     mode: str
-    config: dict[str, object]
+    config: dict[str, Any]
     tables: dict[str, list[Row]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
@@ -37,6 +39,10 @@ class Bench:
     @property
     def stream(self) -> bool:
         return self.factory.stream
+
+    def sender(self, target: Target, tag: str) -> Callable[[], Awaitable[Sample]]:
+        """A zero-argument closed-loop request function bound to ``target`` and ``tag``."""
+        return lambda: self.send(target, tag)
 
     async def send(self, target: Target, tag: str, scheduled: float | None = None) -> Sample:
         body = self.factory.next(target.model)
