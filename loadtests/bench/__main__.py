@@ -1,0 +1,5 @@
+"""``python -m loadtests.bench``."""
+
+from .cli import main
+
+main()
