@@ -84,7 +84,11 @@ class StreamAssembler:
         choices = []
         for i in sorted(self.choices):
             s = self.choices[i]
-            msg: dict[str, Any] = {"role": s["role"], "content": "".join(s["content"]) or None}
+            msg: dict[str, Any] = {
+                "role": s["role"],
+                "content": "".join(s["content"]) or None,
+                "refusal": None,
+            }
             if s["tool_calls"]:
                 msg["tool_calls"] = [s["tool_calls"][k] for k in sorted(s["tool_calls"])]
             else:

@@ -73,9 +73,8 @@ class GatewayServer:
         self, policy_yaml: str, redis_url: str | None = None, env: dict[str, str] | None = None
     ) -> None:
         self.policy = parse_policy(policy_yaml, env={**os.environ, **(env or {})})
-        self.app = create_app(
-            self.policy, SharedState(redis_url) if redis_url else SharedState(None)
-        )
+        prefix = os.environ.get("GATEWAY_REDIS_PREFIX", "gw:")
+        self.app = create_app(self.policy, SharedState(redis_url, prefix=prefix))
         self.port = free_port()
         self.config = uvicorn.Config(
             self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"

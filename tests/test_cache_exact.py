@@ -1,0 +1,172 @@
+"""Exact cache and single-flight through the gateway, with the simulator and a real Redis."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+
+import httpx
+import openai
+import pytest
+
+from tests.support import validate, validate_sse
+
+MSG = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def policy(fleet, member: str = "a", extra_alias: str = "") -> str:
+    return f"""
+auth:
+  keys:
+    - {{tenant: t1, key_sha256: {hashlib.sha256(b"key-1").hexdigest()}}}
+    - {{tenant: t2, key_sha256: {hashlib.sha256(b"key-2").hexdigest()}}}
+providers:
+  p: {{base_url: '{fleet.url(member)}'}}
+pools:
+  main: {{members: [p]}}
+models:
+  chat: {{pool: main{extra_alias}}}
+"""
+
+
+def post(gw, body: dict, key: str = "key-1", **headers: str) -> httpx.Response:
+    return httpx.post(
+        gw.base_url + "/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {key}", **headers},
+        timeout=30,
+    )
+
+
+def body(**kw) -> dict:
+    return {"model": "chat", "messages": MSG, "temperature": 0, "max_tokens": 8, **kw}
+
+
+def upstream_requests(fleet, name: str = "a") -> int:
+    return fleet.stats(name)["by_endpoint"].get("chat", 0)
+
+
+@pytest.fixture
+def gw(fleet, gateway, redis_url, redis_prefix, monkeypatch):
+    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
+    fleet.reset("a")
+    return gateway(policy(fleet), redis_url=redis_url)
+
+
+def test_hit_as_json_and_as_stream(gw, fleet) -> None:
+    first = post(gw, body())
+    assert first.headers["x-gateway-cache"] == "miss"
+    second = post(gw, body())
+    assert second.headers["x-gateway-cache"] == "hit-exact"
+    assert second.json() == first.json()
+    validate("CreateChatCompletionResponse", second.json())
+    streamed = post(gw, body(stream=True, stream_options={"include_usage": True}))
+    assert streamed.headers["x-gateway-cache"] == "hit-exact"
+    chunks = validate_sse(streamed.content)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == first.json()["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"] == first.json()["usage"]
+    assert upstream_requests(fleet) == 1
+
+
+def test_streamed_answer_is_cached_once_complete(gw, fleet) -> None:
+    s = post(gw, body(stream=True, max_tokens=6))
+    assert s.headers["x-gateway-cache"] == "miss"
+    validate_sse(s.content)
+    plain = post(gw, body(max_tokens=6))
+    assert plain.headers["x-gateway-cache"] == "hit-exact"
+    validate("CreateChatCompletionResponse", plain.json())
+    assert upstream_requests(fleet) == 1
+
+
+def test_canonical_key(gw, fleet) -> None:
+    post(gw, {"temperature": 0, "max_tokens": 8, "messages": MSG, "model": "chat", "user": "u1"})
+    # Key order, `stream`, `user` and `metadata` do not change the key...
+    assert (
+        post(gw, body(user="someone-else", metadata={"a": 1})).headers["x-gateway-cache"]
+        == "hit-exact"
+    )
+    # ...fields that change the answer do.
+    assert post(gw, body(max_tokens=9)).headers["x-gateway-cache"] == "miss"
+    assert post(gw, body(seed=3)).headers["x-gateway-cache"] == "miss"
+    # Sampled requests are not cached by default.
+    assert post(gw, body(temperature=0.7)).headers["x-gateway-cache"] == "bypass"
+    assert post(gw, body(temperature=0.7)).headers["x-gateway-cache"] == "bypass"
+
+
+def test_cache_control(gw, fleet) -> None:
+    post(gw, body())
+    assert post(gw, body(), **{"cache-control": "no-store"}).headers["x-gateway-cache"] == "bypass"
+    refreshed = post(gw, body(), **{"cache-control": "no-cache"})
+    assert refreshed.headers["x-gateway-cache"] == "miss"
+    assert upstream_requests(fleet) == 3
+    assert post(gw, body()).headers["x-gateway-cache"] == "hit-exact"
+    ns = post(gw, body(), **{"x-gateway-cache-namespace": "experiment-7"})
+    assert ns.headers["x-gateway-cache"] == "miss"
+
+
+def test_tenant_isolation(gw, fleet) -> None:
+    assert post(gw, body(), key="key-1").headers["x-gateway-cache"] == "miss"
+    assert post(gw, body(), key="key-2").headers["x-gateway-cache"] == "miss"
+    assert post(gw, body(), key="key-2").headers["x-gateway-cache"] == "hit-exact"
+
+
+def test_single_flight(fleet, gateway, redis_url, redis_prefix, monkeypatch) -> None:
+    """N concurrent identical misses make one upstream call; every waiter gets the answer."""
+    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
+    fleet.reset("slow")
+    gw = gateway(policy(fleet, member="slow"), redis_url=redis_url)
+    req = body(max_tokens=20)
+    with cf.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(post, gw, dict(req, stream=i % 2 == 1)) for i in range(8)]
+        results = [f.result() for f in futures]
+    assert all(r.status_code == 200 for r in results)
+    assert upstream_requests(fleet, "slow") == 1
+    texts = set()
+    for i, r in enumerate(results):
+        if i % 2:
+            chunks = validate_sse(r.content)
+            texts.add(
+                "".join(
+                    c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+                )
+            )
+        else:
+            texts.add(r.json()["choices"][0]["message"]["content"])
+    assert len(texts) == 1
+
+
+def test_single_flight_failure_reaches_every_waiter(fleet, gateway) -> None:
+    fleet.set_faults("c", error_rate=1.0, error_status=[500], slow_first_token_ms=300)
+    try:
+        gw = gateway(policy(fleet, member="c"))
+        with cf.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: post(gw, body(max_tokens=3)), range(4)))
+    finally:
+        fleet.clear_faults("c")
+    assert [r.status_code for r in results] == [502] * 4
+
+
+def test_persists_across_restart_and_shared_between_gateways(
+    fleet, gateway, redis_url, redis_prefix, monkeypatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
+    fleet.reset("a")
+    one = gateway(policy(fleet), redis_url=redis_url)
+    two = gateway(policy(fleet), redis_url=redis_url)
+    assert post(one, body(max_tokens=4)).headers["x-gateway-cache"] == "miss"
+    assert post(two, body(max_tokens=4)).headers["x-gateway-cache"] == "hit-exact"
+    one.__exit__(None, None, None)
+    again = gateway(policy(fleet), redis_url=redis_url)
+    assert post(again, body(max_tokens=4)).headers["x-gateway-cache"] == "hit-exact"
+    assert upstream_requests(fleet) == 1
+
+
+def test_redis_down_means_misses_not_errors(fleet, gateway) -> None:
+    gw = gateway(policy(fleet), redis_url="redis://127.0.0.1:1/0")
+    for _ in range(3):
+        r = post(gw, body(max_tokens=4))
+        assert r.status_code == 200
+        assert r.headers["x-gateway-cache"] == "miss"
+    client = openai.OpenAI(base_url=gw.base_url, api_key="key-1", max_retries=0)
+    assert client.chat.completions.create(**body(max_tokens=4)).choices[0].message.content
