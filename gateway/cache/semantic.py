@@ -144,11 +144,13 @@ class SemanticCache:
                 model_id=MODEL_ID,
                 origin=self.origin,
                 retry_s=s.redis_retry_s,
+                timeout_s=s.redis_timeout_s,
             )
             if redis is not None
             else None
         )
         self._listener: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[bool]] = set()
         self.ready = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -166,6 +168,7 @@ class SemanticCache:
             await asyncio.wait_for(self.ready.wait(), wait_s)
 
     async def aclose(self) -> None:
+        await self.flush()
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -266,9 +269,17 @@ class SemanticCache:
             return False
         if entry is None:
             return False
-        if self.store_backend is not None:
-            await self.store_backend.put(entry, ttl)
+        if self.store_backend is not None and self.store_backend.available():
+            # Persist in the background: a slow or dead Redis must not delay the response.
+            task = asyncio.create_task(self.store_backend.put(entry, ttl))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
         return True
+
+    async def flush(self) -> None:
+        """Wait for the Redis writes still in flight (tests, shutdown)."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
 
     # -- replication -------------------------------------------------------------------------
     async def rebuild_from_redis(self) -> int:

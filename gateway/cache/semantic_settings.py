@@ -53,6 +53,8 @@ class SemanticSettings(BaseModel):
     """Jobs waiting for the embedding thread; beyond this a lookup is a miss ("busy")."""
     redis_prefix: str = "gw:sem:"
     redis_channel: str = "gw:sem:new"
+    redis_timeout_s: float = Field(1.0, gt=0)
+    """Longest wait for one Redis write (writes run in the background, never on a request)."""
     redis_retry_s: float = Field(5.0, ge=0)
     """After a Redis error, Redis is skipped for this long (no connection storm, no added
     latency per request); the cache keeps working from memory."""

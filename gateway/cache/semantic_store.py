@@ -84,6 +84,7 @@ class RedisSemanticStore:
         model_id: str,
         origin: str,
         retry_s: float = 5.0,
+        timeout_s: float = 1.0,
     ) -> None:
         self._redis = redis
         self.prefix = prefix
@@ -91,6 +92,7 @@ class RedisSemanticStore:
         self.model_id = model_id
         self.origin = origin
         self.retry_s = retry_s
+        self.timeout_s = timeout_s
         self._down_until = 0.0
         self._failing = False
         self.errors = 0
@@ -124,7 +126,7 @@ class RedisSemanticStore:
             return False
         blob = encode_entry(entry, self.model_id, self.origin)
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with asyncio.timeout(self.timeout_s), self._redis.pipeline(False) as pipe:
                 pipe.set(self.prefix + entry.entry_id, blob, px=max(1, int(ttl_s * 1000)))
                 pipe.publish(self.channel, entry.entry_id.encode() + b"\n" + blob)
                 await pipe.execute()
