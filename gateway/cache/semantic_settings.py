@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 #: Chosen on loadtests/data/chat_pairs.tsv (see loadtests/semantic_quality.py): with all guards on,
 #: the lowest threshold whose precision of served hits is >= 0.98.
-DEFAULT_THRESHOLD = 0.86
+DEFAULT_THRESHOLD = 0.88
 
 
 class GuardSettings(BaseModel):
