@@ -13,6 +13,7 @@ full, so deletes must be cheap.
 from __future__ import annotations
 
 import heapq
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -37,6 +38,20 @@ class Entry:
     @property
     def nbytes(self) -> int:
         return self.vector.nbytes + len(self.text) + len(self.response) + _ENTRY_OVERHEAD
+
+
+_local = threading.local()
+
+
+def _one_omp_thread() -> None:
+    """OpenMP's thread count is per calling thread: set it on the thread that searches.
+
+    A single exact k=1 search gains little from more threads, and with the other cores busy
+    serving requests, extra OpenMP threads double the latency instead.
+    """
+    if not getattr(_local, "omp_set", False):
+        faiss.omp_set_num_threads(1)
+        _local.omp_set = True
 
 
 class _Space:
@@ -74,6 +89,7 @@ class _Space:
         return moved
 
     def search(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        _one_omp_thread()
         k = min(k, self.n)
         sims, rows = faiss.knn(
             vector.reshape(1, -1), self.vecs[: self.n], k, metric=faiss.METRIC_INNER_PRODUCT
@@ -85,7 +101,6 @@ class SemanticIndex:
     """Entries by namespace, bounded by count and bytes (least recently used go first)."""
 
     def __init__(self, dim: int, max_entries: int, max_bytes: int) -> None:
-        faiss.omp_set_num_threads(1)  # one query at a time; spare the other cores for requests
         self.dim = dim
         self.max_entries = max_entries
         self.max_bytes = max_bytes
