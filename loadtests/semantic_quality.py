@@ -22,6 +22,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -83,7 +84,7 @@ async def measure_similarities(pairs: list[Pair], worker: AsyncEmbedder) -> None
         pair.similarity = res.similarity if res.similarity is not None else -1.0
 
 
-def score(pairs: list[Pair], threshold: float, gs: GuardSettings) -> dict[str, float]:
+def score(pairs: list[Pair], threshold: float, gs: GuardSettings) -> dict[str, Any]:
     tp = fp = 0
     positives = sum(p.label for p in pairs)
     leaked: dict[str, int] = {}
@@ -105,7 +106,7 @@ def score(pairs: list[Pair], threshold: float, gs: GuardSettings) -> dict[str, f
     }
 
 
-def choose_threshold(pairs: list[Pair]) -> dict[str, float]:
+def choose_threshold(pairs: list[Pair]) -> dict[str, Any]:
     """Highest recall with all guards at precision >= TARGET_PRECISION (finer 0.01 grid)."""
     best = None
     for t in [round(0.70 + 0.01 * i, 2) for i in range(29)]:

@@ -52,8 +52,13 @@ def fake_entries(n: int, dim: int, seed: int = 0) -> list[Entry]:
     vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
     exp = time.time() + 3600
     return [
-        Entry(
-            entry_id_for(NS, f"q{i}"), NS, f"synthetic question number {i}?", vecs[i], RESPONSE, exp
+        Entry(  # own vector and response per entry, as entries stored by requests have
+            entry_id_for(NS, f"q{i}"),
+            NS,
+            f"synthetic question number {i}?",
+            vecs[i].copy(),
+            RESPONSE[:-1] + b"%d" % (i % 10),
+            exp,
         )
         for i in range(n)
     ]
@@ -105,11 +110,11 @@ async def bench_embedder(kind: str, sizes: list[int], rounds: int) -> dict:
 
 async def bench_memory_and_rebuild(n: int, redis_url: str) -> dict:
     worker = AsyncEmbedder(make_embedder("auto"))
-    entries = fake_entries(n, worker.dim, seed=1)
     settings = SemanticSettings(
         max_entries=n + 10, redis_prefix="bench:sem:", redis_channel="bench:sem:new"
     )
-    rss0 = rss_mb()
+    rss0 = rss_mb()  # before the entries exist: their vectors and responses count
+    entries = fake_entries(n, worker.dim, seed=1)
     cache = SemanticCache(settings, worker=worker)
     await fill(cache, entries)
     mem = {"entries": len(cache.index), "rss_delta_mb": rss_mb() - rss0,

@@ -32,7 +32,8 @@ NS = "t1\x1fgpt\x1fctx"
 @pytest.fixture(scope="module")
 def worker() -> Iterator[AsyncEmbedder]:
     """One model load for the whole module; each cache gets its own index on this thread."""
-    w = AsyncEmbedder(make_embedder("auto"), batch_max=32, queue_max=256)
+    kind = os.environ.get("GATEWAY_TEST_EMBEDDER", "auto")  # auto: ONNX when installed
+    w = AsyncEmbedder(make_embedder(kind), batch_max=32, queue_max=256)  # type: ignore[arg-type]
     yield w
     w.close()
 
@@ -168,7 +169,7 @@ async def test_memory_bound_evicts_least_recently_used(worker: AsyncEmbedder) ->
     assert len(cache.index) == 3 and cache.stats()["evicted"] == 1
     assert (await cache.lookup(NS, questions[1])).outcome == "miss"
     assert (await cache.lookup(NS, questions[0])).outcome == "hit"
-    small = SemanticCache(_settings(max_bytes=3 * (1536 + 256 + 1100)), worker=worker)
+    small = SemanticCache(_settings(max_bytes=3 * (2 * 1536 + 256 + 1100)), worker=worker)
     for i, q in enumerate([*questions, "Why is the sky blue?"]):
         await small.store(NS, q, bytes(1000 + i))
     assert len(small.index) == 3 and small.index.nbytes <= small.settings.max_bytes

@@ -203,7 +203,7 @@ class SemanticCache:
                 and self.worker.embedder.count_tokens(text) > s.max_tokens
             ):
                 return SemanticLookup("skipped", reason="too_long")
-            return self._match(namespace, text, vectors[0], limit, gs)
+            return self._match(namespace, text, vectors[0].copy(), limit, gs)
 
         try:
             return await self.worker.submit([text], search)
@@ -251,12 +251,14 @@ class SemanticCache:
 
         def add(vectors: np.ndarray | None) -> Entry | None:
             vec = vector if vectors is None else vectors[0]
+            assert vec is not None
             if (
                 len(text) >= s.max_tokens - 2
                 and self.worker.embedder.count_tokens(text) > s.max_tokens
             ):
                 return None
-            entry = Entry(entry_id, namespace, text, vec, response, now + ttl)
+            # copy: a row view would keep the whole batch array alive as long as the entry
+            entry = Entry(entry_id, namespace, text, vec.copy(), response, now + ttl)
             self.index.add(entry, now)
             return entry
 

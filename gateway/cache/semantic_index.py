@@ -37,7 +37,8 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return self.vector.nbytes + len(self.text) + len(self.response) + _ENTRY_OVERHEAD
+        # the vector is held twice: here (for Redis) and as a row of the namespace matrix
+        return 2 * self.vector.nbytes + len(self.text) + len(self.response) + _ENTRY_OVERHEAD
 
 
 _local = threading.local()

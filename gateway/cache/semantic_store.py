@@ -149,7 +149,7 @@ class RedisSemanticStore:
                     blobs = await self._redis.mget(keys)
                     entries = []
                     for key, blob in zip(keys, blobs, strict=True):
-                        if blob is None:
+                        if not isinstance(blob, bytes):  # needs decode_responses=False
                             continue
                         key_s = key.decode() if isinstance(key, bytes) else key
                         decoded = decode_entry(key_s[plen:], blob, self.model_id)
