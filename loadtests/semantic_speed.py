@@ -168,6 +168,7 @@ def render(results: dict) -> str:
             f"(Redis used {rb['redis_used_mb']:.0f} MB); rebuild (SCAN+MGET+decode+index) "
             f"{rb['rebuild_s']:.2f} s; entries in the index after rebuild: {rb['indexed']}.",
         ]
+    lines.append(f"\nLoad average (1 min) at the end: {results['loadavg_1m_at_end']:.2f}.")
     return "\n".join(lines) + "\n"
 
 
@@ -180,6 +181,7 @@ async def main_async(args: argparse.Namespace) -> dict:
     if args.rebuild:
         results["rebuild"] = await bench_memory_and_rebuild(args.rebuild, args.redis_url)
     results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results["loadavg_1m_at_end"] = os.getloadavg()[0]  # other processes skew the latencies
     return results
 
 
