@@ -1,0 +1,331 @@
+"""Semantic cache: serve a stored answer to a question asked in other words.
+
+Only the last user message is compared by meaning, and only against entries of the same
+namespace: tenant + model alias + a hash of everything before that message (system prompt, earlier
+turns, and any output-shaping request fields the caller passes). "What about in winter?" after a
+talk about Norway therefore never matches the same words after a talk about Peru.
+
+A candidate is served only when its cosine similarity reaches the threshold *and* the near-miss
+guards (numbers, negation, entities, entity order) find no difference. Embedding, search, guards
+and every index change run on one worker thread (see `async_embedder`); Redis persistence and
+pub/sub between replicas are optional and never raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+from redis.asyncio import Redis
+
+from gateway.cache import guards
+from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy
+from gateway.cache.embedder import MODEL_ID, make_embedder
+from gateway.cache.semantic_index import Entry, SemanticIndex
+from gateway.cache.semantic_settings import GuardSettings, SemanticSettings
+from gateway.cache.semantic_store import RedisSemanticStore
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["hit", "miss", "rejected", "skipped"]
+
+
+def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    """Text of the final message when it is a user message made only of text, else None.
+
+    Images, audio or a trailing assistant/tool message make the request not semantically
+    cacheable: their meaning is not in the text we would embed.
+    """
+    if not messages:
+        return None
+    last = messages[-1]
+    if last.get("role") != "user":
+        return None
+    content = last.get("content")
+    if isinstance(content, str):
+        return content.strip() or None
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text":
+                return None
+            parts.append(str(part.get("text", "")))
+        text = "\n".join(parts).strip()
+        return text or None
+    return None
+
+
+def namespace_for(
+    tenant: str,
+    alias: str,
+    messages: Sequence[Mapping[str, Any]],
+    params: Mapping[str, Any] | None = None,
+) -> str:
+    """Namespace of a request: tenant, model alias, and a hash of the context of its last turn.
+
+    The context is every message but the last one (system prompt and earlier turns) plus `params`:
+    request fields that change the answer (e.g. tools, response_format, temperature); pass them so
+    a JSON-mode answer is never served to a plain request.
+    """
+    context = orjson.dumps(
+        {"m": list(messages[:-1]), "p": dict(params) if params else None},
+        option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+        default=str,
+    )
+    digest = hashlib.blake2b(context, digest_size=12).hexdigest()
+    return f"{tenant}\x1f{alias}\x1f{digest}"
+
+
+def entry_id_for(namespace: str, text: str) -> str:
+    """Same question in the same namespace → same id, so replicas overwrite, not duplicate."""
+    key = f"{namespace}\x00{text}".encode()
+    return hashlib.blake2b(key, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticHit:
+    entry_id: str
+    similarity: float
+    response: bytes
+    question: str
+    """The cached question whose answer is served."""
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticLookup:
+    """What a lookup found, for the response and for metrics.
+
+    outcome: "hit"; "miss" (nothing above the threshold); "rejected" (candidates above the threshold
+    all failed a guard; `reason` names the guard of the most similar one); "skipped" (`reason`:
+    disabled, no_text, too_long, busy, error).
+    """
+
+    outcome: Outcome
+    hit: SemanticHit | None = None
+    reason: str | None = None
+    similarity: float | None = None
+    """Similarity of the most similar candidate, served or not (None when there was none)."""
+    vector: np.ndarray | None = None
+    """Embedding of the looked-up text: pass it to `store` to avoid embedding twice."""
+
+
+class SemanticCache:
+    """Namespaced semantic cache; memory only, or shared through Redis when `redis` is given."""
+
+    def __init__(
+        self,
+        settings: SemanticSettings | None = None,
+        *,
+        redis: Redis | None = None,
+        worker: AsyncEmbedder | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings or SemanticSettings()
+        s = self.settings
+        self._own_worker = worker is None
+        self.worker = worker or AsyncEmbedder(make_embedder(s.embedder), s.batch_max, s.queue_max)
+        self.index = SemanticIndex(self.worker.dim, s.max_entries, s.max_bytes)
+        self.origin = uuid.uuid4().hex[:12]
+        self._clock = clock
+        self.store_backend = (
+            RedisSemanticStore(
+                redis,
+                prefix=s.redis_prefix,
+                channel=s.redis_channel,
+                model_id=MODEL_ID,
+                origin=self.origin,
+                retry_s=s.redis_retry_s,
+                timeout_s=s.redis_timeout_s,
+            )
+            if redis is not None
+            else None
+        )
+        self._listener: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[bool]] = set()
+        self.ready = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self, wait_s: float = 60.0) -> None:
+        """Subscribe to other replicas' entries and load the stored ones (waits up to wait_s)."""
+        if self.store_backend is None:
+            self.ready.set()
+            return
+        if self._listener is None:
+            self._listener = asyncio.create_task(
+                self.store_backend.listen(self._add_remote, self._rescan, self.ready),
+                name="semantic-cache-subscriber",
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.ready.wait(), wait_s)
+
+    async def aclose(self) -> None:
+        await self.flush()
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+            self._listener = None
+        if self._own_worker:
+            await self.worker.aclose()
+
+    # -- the request path --------------------------------------------------------------------
+    async def lookup(
+        self,
+        namespace: str,
+        text: str,
+        threshold: float | None = None,
+        guard_settings: GuardSettings | None = None,
+    ) -> SemanticLookup:
+        """Find a cached answer for `text` in `namespace`. Never raises."""
+        s = self.settings
+        if not s.enabled:
+            return SemanticLookup("skipped", reason="disabled")
+        if not text:
+            return SemanticLookup("skipped", reason="no_text")
+        if len(text) > s.max_tokens * 8:
+            return SemanticLookup("skipped", reason="too_long")
+        limit = s.threshold if threshold is None else threshold
+        gs = guard_settings or s.guards
+
+        def search(vectors: np.ndarray | None) -> SemanticLookup:
+            assert vectors is not None
+            if (
+                len(text) >= s.max_tokens - 2
+                and self.worker.embedder.count_tokens(text) > s.max_tokens
+            ):
+                return SemanticLookup("skipped", reason="too_long")
+            return self._match(namespace, text, vectors[0].copy(), limit, gs)
+
+        try:
+            return await self.worker.submit([text], search)
+        except EmbedderBusy:
+            return SemanticLookup("skipped", reason="busy")
+        except Exception:
+            log.exception("semantic cache lookup failed")
+            return SemanticLookup("skipped", reason="error")
+
+    def _match(
+        self, namespace: str, text: str, vector: np.ndarray, limit: float, gs: GuardSettings
+    ) -> SemanticLookup:
+        """Runs on the worker thread: search, then guards on candidates above the threshold."""
+        found = self.index.search(namespace, vector, self.settings.top_k, self._clock())
+        best = found[0][0] if found else None
+        first_reason = None
+        for sim, entry in found:
+            if sim < limit:
+                break
+            reason = guards.check(text, entry.text, gs)
+            if reason is None:
+                self.index.touch(entry.entry_id)
+                hit = SemanticHit(entry.entry_id, sim, entry.response, entry.text)
+                return SemanticLookup("hit", hit, similarity=sim, vector=vector)
+            first_reason = first_reason or reason
+        if first_reason is not None:
+            return SemanticLookup("rejected", reason=first_reason, similarity=best, vector=vector)
+        return SemanticLookup("miss", similarity=best, vector=vector)
+
+    async def store(
+        self,
+        namespace: str,
+        text: str,
+        response: bytes,
+        ttl_s: float | None = None,
+        vector: np.ndarray | None = None,
+    ) -> bool:
+        """Cache `response` as the answer to `text`; False when skipped. Never raises."""
+        s = self.settings
+        if not s.enabled or not text or len(text) > s.max_tokens * 8:
+            return False
+        ttl = s.ttl_s if ttl_s is None else ttl_s
+        now = self._clock()
+        entry_id = entry_id_for(namespace, text)
+
+        def add(vectors: np.ndarray | None) -> Entry | None:
+            vec = vector if vectors is None else vectors[0]
+            assert vec is not None
+            if (
+                len(text) >= s.max_tokens - 2
+                and self.worker.embedder.count_tokens(text) > s.max_tokens
+            ):
+                return None
+            # copy: a row view would keep the whole batch array alive as long as the entry
+            entry = Entry(entry_id, namespace, text, vec.copy(), response, now + ttl)
+            self.index.add(entry, now)
+            return entry
+
+        try:
+            entry = await self.worker.submit([] if vector is not None else [text], add)
+        except EmbedderBusy:
+            return False
+        except Exception:
+            log.exception("semantic cache store failed")
+            return False
+        if entry is None:
+            return False
+        if self.store_backend is not None and self.store_backend.available():
+            # Persist in the background: a slow or dead Redis must not delay the response.
+            task = asyncio.create_task(self.store_backend.put(entry, ttl))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+        return True
+
+    async def flush(self) -> None:
+        """Wait for the Redis writes still in flight (tests, shutdown)."""
+        if self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
+
+    # -- replication -------------------------------------------------------------------------
+    async def rebuild_from_redis(self) -> int:
+        """Load every live entry stored in Redis into the index; returns how many were added."""
+        if self.store_backend is None:
+            return 0
+        loaded = 0
+        async for chunk in self.store_backend.scan():
+            loaded += await self._add_entries(chunk)
+        return loaded
+
+    async def _rescan(self) -> None:
+        count = await self.rebuild_from_redis()
+        log.info("semantic cache: %d entries loaded from Redis", count)
+
+    async def _add_remote(self, entries: list[Entry]) -> None:
+        try:
+            await self._add_entries(entries)
+        except Exception:  # a full queue must not drop the subscription
+            log.warning("semantic cache: dropped %d replicated entries", len(entries))
+
+    async def _add_entries(self, entries: list[Entry]) -> int:
+        def add_all() -> int:
+            now = self._clock()
+            count = 0
+            for entry in entries:
+                if entry.expires_at > now:
+                    self.index.add(entry, now)
+                    count += 1
+            return count
+
+        while True:
+            try:
+                return await self.worker.call(add_all)
+            except EmbedderBusy:  # lookups fill the queue: wait for room, keep the entries
+                await asyncio.sleep(0.01)
+
+    def stats(self) -> dict[str, int]:
+        """Sizes and counters for metrics (approximate: read without the worker)."""
+        return {
+            "entries": len(self.index),
+            "namespaces": self.index.namespaces,
+            "bytes": self.index.nbytes,
+            "evicted": self.index.evicted,
+            "expired": self.index.expired,
+            "redis_errors": self.store_backend.errors if self.store_backend else 0,
+        }

@@ -1,0 +1,197 @@
+"""In-memory vector index of the semantic cache: namespaces, TTL and memory bounds.
+
+Not thread-safe on purpose: one thread (the embedding worker) owns it, so searches never race
+with inserts or evictions and no lock sits on the request path.
+
+Each namespace keeps its vectors in one contiguous float32 matrix that FAISS searches exactly
+(`faiss.knn`, inner product = cosine on unit vectors). Owning the matrix instead of using an
+`IndexIDMap(IndexFlatIP)` makes a delete an O(dim) swap with the last row, where `remove_ids`
+rewrites the whole index: TTL expiry and LRU eviction happen on every insert once the cache is
+full, so deletes must be cheap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+
+#: Bookkeeping per entry beyond vector, text and response (dict slots, object headers).
+_ENTRY_OVERHEAD = 256
+
+
+@dataclass(slots=True)
+class Entry:
+    """One cached answer: the question it answered and where it may be served."""
+
+    entry_id: str
+    namespace: str
+    text: str
+    vector: np.ndarray  # (dim,) float32, unit norm
+    response: bytes
+    expires_at: float  # wall-clock seconds, shared between replicas
+
+    @property
+    def nbytes(self) -> int:
+        # the vector is held twice: here (for Redis) and as a row of the namespace matrix
+        return 2 * self.vector.nbytes + len(self.text) + len(self.response) + _ENTRY_OVERHEAD
+
+
+_local = threading.local()
+
+
+def _one_omp_thread() -> None:
+    """OpenMP's thread count is per calling thread: set it on the thread that searches.
+
+    A single exact k=1 search gains little from more threads, and with the other cores busy
+    serving requests, extra OpenMP threads double the latency instead.
+    """
+    if not getattr(_local, "omp_set", False):
+        faiss.omp_set_num_threads(1)
+        _local.omp_set = True
+
+
+class _Space:
+    """The vectors of one namespace, rows 0..n-1 live, ids[i] owns row i."""
+
+    __slots__ = ("ids", "n", "vecs")
+
+    def __init__(self, dim: int) -> None:
+        self.vecs = np.empty((16, dim), dtype=np.float32)
+        self.ids: list[str] = []
+        self.n = 0
+
+    def add(self, entry_id: str, vector: np.ndarray) -> int:
+        if self.n == len(self.vecs):
+            grown = np.empty((len(self.vecs) * 2, self.vecs.shape[1]), dtype=np.float32)
+            grown[: self.n] = self.vecs[: self.n]
+            self.vecs = grown
+        self.vecs[self.n] = vector
+        self.ids.append(entry_id)
+        self.n += 1
+        return self.n - 1
+
+    def remove(self, row: int) -> str | None:
+        """Delete a row by moving the last row into it; returns the id that moved, if any."""
+        last = self.n - 1
+        moved = None
+        if row != last:
+            self.vecs[row] = self.vecs[last]
+            self.ids[row] = self.ids[last]
+            moved = self.ids[row]
+        self.ids.pop()
+        self.n = last
+        if len(self.vecs) > 16 and self.n < len(self.vecs) // 4:
+            self.vecs = self.vecs[: len(self.vecs) // 2].copy()  # give memory back
+        return moved
+
+    def search(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        _one_omp_thread()
+        k = min(k, self.n)
+        sims, rows = faiss.knn(
+            vector.reshape(1, -1), self.vecs[: self.n], k, metric=faiss.METRIC_INNER_PRODUCT
+        )
+        return sims[0], rows[0]
+
+
+class SemanticIndex:
+    """Entries by namespace, bounded by count and bytes (least recently used go first)."""
+
+    def __init__(self, dim: int, max_entries: int, max_bytes: int) -> None:
+        self.dim = dim
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, Entry] = OrderedDict()  # LRU order, oldest first
+        self._rows: dict[str, int] = {}
+        self._spaces: dict[str, _Space] = {}
+        self._expiry: list[tuple[float, str]] = []
+        self.nbytes = 0
+        self.evicted = 0
+        self.expired = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, entry_id: str) -> bool:
+        return entry_id in self._entries
+
+    @property
+    def namespaces(self) -> int:
+        return len(self._spaces)
+
+    @property
+    def index_bytes(self) -> int:
+        """Bytes held by the vector matrices (allocated capacity, not only live rows)."""
+        return sum(s.vecs.nbytes for s in self._spaces.values())
+
+    def add(self, entry: Entry, now: float) -> None:
+        """Insert or replace an entry, then enforce TTL and the memory bounds."""
+        if entry.expires_at <= now or entry.vector.shape != (self.dim,):
+            return
+        if entry.entry_id in self._entries:
+            self.remove(entry.entry_id)
+        space = self._spaces.get(entry.namespace)
+        if space is None:
+            space = self._spaces[entry.namespace] = _Space(self.dim)
+        self._rows[entry.entry_id] = space.add(entry.entry_id, entry.vector)
+        self._entries[entry.entry_id] = entry
+        self.nbytes += entry.nbytes
+        heapq.heappush(self._expiry, (entry.expires_at, entry.entry_id))
+        self.expire(now)
+        while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
+            self.remove(next(iter(self._entries)))
+            self.evicted += 1
+
+    def remove(self, entry_id: str) -> bool:
+        entry = self._entries.pop(entry_id, None)
+        if entry is None:
+            return False
+        space = self._spaces[entry.namespace]
+        row = self._rows.pop(entry_id)
+        moved = space.remove(row)
+        if moved is not None:
+            self._rows[moved] = row
+        if space.n == 0:
+            del self._spaces[entry.namespace]
+        self.nbytes -= entry.nbytes
+        return True
+
+    def expire(self, now: float) -> int:
+        """Drop entries whose TTL has passed; stale heap items of replaced entries are skipped."""
+        count = 0
+        heap = self._expiry
+        while heap and heap[0][0] <= now:
+            expires_at, entry_id = heapq.heappop(heap)
+            entry = self._entries.get(entry_id)
+            if entry is not None and entry.expires_at == expires_at:
+                self.remove(entry_id)
+                count += 1
+        if len(heap) > 2 * len(self._entries) + 1024:  # replaced/evicted ids pile up otherwise
+            heap[:] = [(e.expires_at, e.entry_id) for e in self._entries.values()]
+            heapq.heapify(heap)
+        self.expired += count
+        return count
+
+    def search(
+        self, namespace: str, vector: np.ndarray, k: int, now: float
+    ) -> list[tuple[float, Entry]]:
+        """Up to k live entries of the namespace, most similar first."""
+        self.expire(now)
+        space = self._spaces.get(namespace)
+        if space is None:
+            return []
+        sims, rows = space.search(vector, k)
+        return [
+            (float(sim), self._entries[space.ids[row]])
+            for sim, row in zip(sims, rows, strict=True)
+            if row >= 0
+        ]
+
+    def touch(self, entry_id: str) -> None:
+        """Mark an entry as just used (LRU)."""
+        if entry_id in self._entries:
+            self._entries.move_to_end(entry_id)

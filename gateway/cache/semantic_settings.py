@@ -1,0 +1,60 @@
+"""Settings of the semantic cache (a policy block ops can edit)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Chosen on loadtests/data/chat_pairs.tsv (see loadtests/semantic_quality.py): with all guards on,
+#: the lowest threshold whose precision of served hits is >= 0.98.
+DEFAULT_THRESHOLD = 0.88
+
+
+class GuardSettings(BaseModel):
+    """Near-miss guards run on a candidate that passed the similarity threshold."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    numbers: bool = True
+    """Reject when the two questions mention different numbers (digits or number words)."""
+    negation: bool = True
+    """Reject when one question is negated (not, no, never, n't, without...), the other not."""
+    entities: bool = True
+    """Reject when a named entity of one question is absent from the other."""
+    entity_order: bool = True
+    """Reject when shared entities appear in another order ("X beat Y" vs "Y beat X")."""
+
+
+class SemanticSettings(BaseModel):
+    """How the semantic cache matches, evicts and persists entries."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    threshold: float = Field(default=DEFAULT_THRESHOLD, ge=0.0, le=1.0)
+    """Minimum cosine similarity between the new and the cached last user message."""
+    ttl_s: float = Field(default=3600.0, gt=0)
+    """Default lifetime of an entry (memory and Redis)."""
+    max_entries: int = Field(default=100_000, ge=1)
+    """Memory bound over all namespaces; the least recently used entries go first."""
+    max_bytes: int = Field(default=512 * 1024 * 1024, ge=1)
+    """Memory bound on vectors + texts + stored responses, over all namespaces."""
+    max_tokens: int = Field(default=256, ge=8, le=256)
+    """Longer questions are not cached: the model would only see their first 256 tokens, so
+    two questions that differ after that point would look identical."""
+    top_k: int = Field(default=4, ge=1, le=64)
+    """Candidates above the threshold tried in turn when the best one fails a guard."""
+    guards: GuardSettings = Field(default_factory=GuardSettings)
+    embedder: Literal["auto", "torch", "onnx"] = "auto"
+    batch_max: int = Field(default=32, ge=1)
+    """Most queued texts embedded together in one model call."""
+    queue_max: int = Field(default=256, ge=1)
+    """Jobs waiting for the embedding thread; beyond this a lookup is a miss ("busy")."""
+    redis_prefix: str = "gw:sem:"
+    redis_channel: str = "gw:sem:new"
+    redis_timeout_s: float = Field(default=1.0, gt=0)
+    """Longest wait for one Redis write (writes run in the background, never on a request)."""
+    redis_retry_s: float = Field(default=5.0, ge=0)
+    """After a Redis error, Redis is skipped for this long (no connection storm, no added
+    latency per request); the cache keeps working from memory."""

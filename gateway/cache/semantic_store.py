@@ -1,0 +1,221 @@
+"""Redis persistence of semantic cache entries, shared by all replicas.
+
+Each entry is one Redis string `<prefix><entry id>` with the entry's TTL, holding a small binary
+record (JSON header, float32 vector, response bytes) so a restart rebuilds the index with SCAN +
+MGET and no re-embedding. Every new entry is also published on a channel so the other replicas
+add it to their in-memory index within milliseconds.
+
+Redis is never allowed to fail a request: every call catches its errors, the first one is logged
+(then silence until Redis works again), and Redis is skipped for `retry_s` so a dead server adds
+neither latency nor connection storms. The cache then keeps working from memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import numpy as np
+import orjson
+from redis.asyncio import Redis
+
+from gateway.cache.semantic_index import Entry
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"GS1"
+_HEAD = struct.Struct("<3sI")  # magic, header length
+
+
+def encode_entry(entry: Entry, model_id: str, origin: str) -> bytes:
+    header = orjson.dumps(
+        {
+            "ns": entry.namespace,
+            "t": entry.text,
+            "exp": entry.expires_at,
+            "m": model_id,
+            "d": int(entry.vector.shape[0]),
+            "o": origin,
+        }
+    )
+    vec = np.ascontiguousarray(entry.vector, dtype="<f4").tobytes()
+    return b"".join((_HEAD.pack(_MAGIC, len(header)), header, vec, entry.response))
+
+
+def decode_entry(entry_id: str, blob: bytes, model_id: str) -> tuple[Entry, str] | None:
+    """The entry and the replica that wrote it; None for records of another model or format."""
+    try:
+        magic, hlen = _HEAD.unpack_from(blob)
+        if magic != _MAGIC:
+            return None
+        start = _HEAD.size
+        header = orjson.loads(blob[start : start + hlen])
+        if header["m"] != model_id:
+            return None
+        vstart = start + hlen
+        vend = vstart + 4 * int(header["d"])
+        vector = np.frombuffer(blob, dtype="<f4", count=int(header["d"]), offset=vstart)
+        entry = Entry(
+            entry_id=entry_id,
+            namespace=header["ns"],
+            text=header["t"],
+            vector=vector.astype(np.float32),
+            response=bytes(blob[vend:]),
+            expires_at=float(header["exp"]),
+        )
+        return entry, str(header.get("o", ""))
+    except (struct.error, ValueError, KeyError, TypeError):
+        return None
+
+
+class RedisSemanticStore:
+    """Writes, scans and subscribes to semantic cache entries in Redis; never raises."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        prefix: str,
+        channel: str,
+        model_id: str,
+        origin: str,
+        retry_s: float = 5.0,
+        timeout_s: float = 1.0,
+    ) -> None:
+        self._redis = redis
+        self.prefix = prefix
+        self.channel = channel
+        self.model_id = model_id
+        self.origin = origin
+        self.retry_s = retry_s
+        self.timeout_s = timeout_s
+        self._down_until = 0.0
+        self._failing = False
+        self.errors = 0
+
+    # -- error handling ---------------------------------------------------------------------
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self.errors += 1
+        self._down_until = time.monotonic() + self.retry_s
+        if not self._failing:
+            self._failing = True
+            log.warning(
+                "semantic cache: Redis %s failed (%s: %s); using memory only, retrying in %.0fs",
+                what,
+                type(exc).__name__,
+                exc,
+                self.retry_s,
+            )
+
+    def _ok(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.info("semantic cache: Redis reachable again")
+
+    # -- writes ------------------------------------------------------------------------------
+    async def put(self, entry: Entry, ttl_s: float) -> bool:
+        """Persist and announce one entry; False when Redis is unavailable."""
+        if not self.available():
+            return False
+        blob = encode_entry(entry, self.model_id, self.origin)
+        try:
+            async with asyncio.timeout(self.timeout_s), self._redis.pipeline(False) as pipe:
+                pipe.set(self.prefix + entry.entry_id, blob, px=max(1, int(ttl_s * 1000)))
+                pipe.publish(self.channel, entry.entry_id.encode() + b"\n" + blob)
+                await pipe.execute()
+        except Exception as exc:
+            self._failed("write", exc)
+            return False
+        self._ok()
+        return True
+
+    # -- rebuild -----------------------------------------------------------------------------
+    async def scan(self, batch: int = 1000) -> AsyncIterator[list[Entry]]:
+        """All stored entries of this model, in chunks; stops quietly on a Redis error."""
+        try:
+            cursor = 0
+            pattern = self.prefix + "*"
+            plen = len(self.prefix)
+            while True:
+                cursor, keys = await self._redis.scan(cursor=cursor, match=pattern, count=batch)
+                if keys:
+                    blobs = await self._redis.mget(keys)
+                    entries = []
+                    for key, blob in zip(keys, blobs, strict=True):
+                        if not isinstance(blob, bytes):  # needs decode_responses=False
+                            continue
+                        key_s = key.decode() if isinstance(key, bytes) else key
+                        decoded = decode_entry(key_s[plen:], blob, self.model_id)
+                        if decoded is not None:
+                            entries.append(decoded[0])
+                    if entries:
+                        yield entries
+                if cursor == 0:
+                    break
+        except Exception as exc:
+            self._failed("scan", exc)
+            return
+        self._ok()
+
+    # -- pub/sub -----------------------------------------------------------------------------
+    async def listen(
+        self,
+        on_entries: Callable[[list[Entry]], Awaitable[None]],
+        on_subscribed: Callable[[], Awaitable[None]],
+        ready: asyncio.Event,
+    ) -> None:
+        """Forward entries published by other replicas, forever; reconnect with backoff.
+
+        `on_subscribed` runs after each (re)subscription so entries written while this replica
+        was disconnected are picked up by a rescan. `ready` is set after the first attempt.
+        """
+        backoff = 0.5
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                self._ok()
+                await on_subscribed()
+                ready.set()
+                backoff = 0.5
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is None:
+                        continue
+                    entries = self._decode_messages([msg])
+                    for _ in range(255):  # drain what else is waiting: one index job for all
+                        more = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
+                        if more is None:
+                            break
+                        entries.extend(self._decode_messages([more]))
+                    if entries:
+                        await on_entries(entries)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed("subscribe", exc)
+                ready.set()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)
+            finally:
+                with contextlib.suppress(Exception):  # the connection may be gone already
+                    await pubsub.aclose()
+
+    def _decode_messages(self, msgs: list[dict]) -> list[Entry]:
+        entries = []
+        for msg in msgs:
+            data = msg.get("data")
+            if not isinstance(data, bytes | bytearray):
+                continue
+            entry_id, _, blob = bytes(data).partition(b"\n")
+            decoded = decode_entry(entry_id.decode(), blob, self.model_id)
+            if decoded is not None and decoded[1] != self.origin:
+                entries.append(decoded[0])
+        return entries

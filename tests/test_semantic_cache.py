@@ -1,0 +1,247 @@
+"""Semantic cache with the real embedding model, a real FAISS search and a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+pytest.importorskip("faiss")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from gateway.cache.async_embedder import AsyncEmbedder  # noqa: E402
+from gateway.cache.embedder import make_embedder  # noqa: E402
+from gateway.cache.semantic import (  # noqa: E402
+    SemanticCache,
+    last_user_text,
+    namespace_for,
+)
+from gateway.cache.semantic_settings import SemanticSettings  # noqa: E402
+
+REDIS_URL = "redis://127.0.0.1:6379/11"
+NS = "t1\x1fgpt\x1fctx"
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[AsyncEmbedder]:
+    """One model load for the whole module; each cache gets its own index on this thread."""
+    kind = os.environ.get("GATEWAY_TEST_EMBEDDER", "auto")  # auto: ONNX when installed
+    w = AsyncEmbedder(make_embedder(kind), batch_max=32, queue_max=256)  # type: ignore[arg-type]
+    yield w
+    w.close()
+
+
+def _settings(**kw: object) -> SemanticSettings:
+    prefix = f"test:sem:{uuid.uuid4().hex[:8]}:"
+    base: dict[str, object] = {"redis_prefix": prefix, "redis_channel": prefix + "chan"}
+    base.update(kw)
+    return SemanticSettings.model_validate(base)
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[Redis]:
+    r = Redis.from_url(REDIS_URL)
+    try:
+        await r.ping()
+    except Exception:
+        pytest.skip("Redis not running on 127.0.0.1:6379")
+    yield r
+    keys = [k async for k in r.scan_iter(match="test:sem:*", count=1000)]
+    if keys:
+        await r.delete(*keys)
+    await r.aclose()
+
+
+async def test_paraphrase_hits_and_unrelated_misses(worker: AsyncEmbedder) -> None:
+    cache = SemanticCache(_settings(), worker=worker)
+    await cache.store(NS, "How do I reset my password?", b"answer-1")
+    res = await cache.lookup(NS, "How can I reset my password?")
+    assert res.outcome == "hit" and res.hit is not None
+    assert res.hit.response == b"answer-1" and res.hit.question == "How do I reset my password?"
+    assert res.hit.similarity >= cache.settings.threshold
+    loose = await cache.lookup(NS, "I forgot my password, how can I change it?", threshold=0.85)
+    assert loose.outcome == "hit"
+    miss = await cache.lookup(NS, "What's the weather in Paris?")
+    assert miss.outcome == "miss" and miss.similarity is not None and miss.similarity < 0.3
+
+
+NEAR_MISSES = [
+    ("How many calories are in 2 eggs?", "How many calories are in 3 eggs?", "number"),
+    ("Is it safe to drink coffee while pregnant?", "Is it not safe to drink coffee while pregnant?",
+     "negation"),
+    ("How do I install Docker on Ubuntu?", "How do I install Docker on Debian?", "entity"),
+    ("Is Python faster than Java?", "Is Java faster than Python?", "entity_order"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("stored", "asked", "reason"), NEAR_MISSES)
+async def test_near_misses_rejected_by_guards(
+    worker: AsyncEmbedder, stored: str, asked: str, reason: str
+) -> None:
+    cache = SemanticCache(_settings(), worker=worker)
+    await cache.store(NS, stored, b"x")
+    res = await cache.lookup(NS, asked, threshold=0.5)
+    assert res.outcome == "rejected" and res.reason == reason and res.hit is None
+    assert res.similarity is not None and res.similarity > 0.8  # the embedding alone would serve it
+
+
+async def test_guard_rejection_falls_through_to_next_candidate(worker: AsyncEmbedder) -> None:
+    cache = SemanticCache(_settings(threshold=0.7), worker=worker)
+    await cache.store(NS, "How many calories are in 3 eggs?", b"three")
+    await cache.store(NS, "How many calories do 2 eggs have?", b"two")
+    res = await cache.lookup(NS, "How many calories are in 2 eggs?")
+    assert res.outcome == "hit" and res.hit is not None and res.hit.response == b"two"
+
+
+def test_namespace_covers_context_not_last_turn() -> None:
+    sys_a = {"role": "system", "content": "You are a travel agent."}
+    turns_norway = [sys_a, {"role": "user", "content": "Tell me about Norway"},
+                    {"role": "assistant", "content": "Norway is..."}]  # fmt: skip
+    turns_peru = [sys_a, {"role": "user", "content": "Tell me about Peru"},
+                  {"role": "assistant", "content": "Peru is..."}]  # fmt: skip
+    q1 = {"role": "user", "content": "What about in winter?"}
+    q2 = {"role": "user", "content": [{"type": "text", "text": "And in winter?"}]}
+    assert namespace_for("t", "m", [*turns_norway, q1]) == namespace_for(
+        "t", "m", [*turns_norway, q2]
+    )
+    assert namespace_for("t", "m", [*turns_norway, q1]) != namespace_for(
+        "t", "m", [*turns_peru, q1]
+    )
+    assert namespace_for("t", "m", [q1]) != namespace_for("u", "m", [q1])
+    assert namespace_for("t", "m", [q1]) != namespace_for("t", "m2", [q1])
+    assert namespace_for("t", "m", [q1]) != namespace_for(
+        "t", "m", [q1], {"response_format": {"type": "json_object"}}
+    )
+    assert last_user_text([*turns_norway, q2]) == "And in winter?"
+    assert last_user_text(turns_norway) is None  # ends with an assistant turn
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+    assert last_user_text([image]) is None
+
+
+async def test_no_hit_across_namespaces(worker: AsyncEmbedder) -> None:
+    cache = SemanticCache(_settings(), worker=worker)
+    history = [
+        {"role": "user", "content": "Tell me about Norway"},
+        {"role": "assistant", "content": "..."},
+    ]
+    other = [
+        {"role": "user", "content": "Tell me about Peru"},
+        {"role": "assistant", "content": "..."},
+    ]
+    q = {"role": "user", "content": "What is the weather like in winter?"}
+    ns = namespace_for("acme", "chat", [*history, q])
+    await cache.store(ns, "What is the weather like in winter?", b"cold")
+    assert (await cache.lookup(ns, "What's the weather like in winter?")).outcome == "hit"
+    for other_ns in (
+        namespace_for("acme", "chat", [*other, q]),
+        namespace_for("globex", "chat", [*history, q]),
+        namespace_for("acme", "chat-large", [*history, q]),
+    ):
+        assert (
+            await cache.lookup(other_ns, "What is the weather like in winter?")
+        ).outcome == "miss"
+
+
+async def test_ttl_expiry(worker: AsyncEmbedder) -> None:
+    now = [1000.0]
+    cache = SemanticCache(_settings(), worker=worker, clock=lambda: now[0])
+    await cache.store(NS, "How do I bake sourdough bread?", b"bread", ttl_s=60)
+    assert (await cache.lookup(NS, "How do I bake sourdough bread?")).outcome == "hit"
+    now[0] += 61
+    assert (await cache.lookup(NS, "How do I bake sourdough bread?")).outcome == "miss"
+    assert len(cache.index) == 0 and cache.stats()["expired"] == 1
+
+
+async def test_memory_bound_evicts_least_recently_used(worker: AsyncEmbedder) -> None:
+    cache = SemanticCache(_settings(max_entries=3), worker=worker)
+    questions = ["How do I learn to swim?", "What is a black hole?", "How do vaccines work?"]
+    for i, q in enumerate(questions):
+        await cache.store(NS, q, f"a{i}".encode())
+    assert (await cache.lookup(NS, questions[0])).outcome == "hit"  # now most recently used
+    await cache.store(NS, "Why is the sky blue?", b"a3")
+    assert len(cache.index) == 3 and cache.stats()["evicted"] == 1
+    assert (await cache.lookup(NS, questions[1])).outcome == "miss"
+    assert (await cache.lookup(NS, questions[0])).outcome == "hit"
+    small = SemanticCache(_settings(max_bytes=3 * (2 * 1536 + 256 + 1100)), worker=worker)
+    for i, q in enumerate([*questions, "Why is the sky blue?"]):
+        await small.store(NS, q, bytes(1000 + i))
+    assert len(small.index) == 3 and small.index.nbytes <= small.settings.max_bytes
+
+
+async def test_too_long_question_is_not_cached(worker: AsyncEmbedder) -> None:
+    cache = SemanticCache(_settings(), worker=worker)
+    long_q = "Please summarise this: " + "lorem ipsum dolor sit amet " * 60
+    assert await cache.store(NS, long_q, b"x") is False
+    res = await cache.lookup(NS, long_q)
+    assert res.outcome == "skipped" and res.reason == "too_long"
+
+
+async def test_concurrent_lookups_are_batched(worker: AsyncEmbedder) -> None:
+    before = worker.batches
+    vecs = await asyncio.gather(*(worker.embed([f"question number {i}"]) for i in range(24)))
+    assert all(v.shape == (1, 384) for v in vecs)
+    assert worker.batches - before < 24
+
+
+async def test_rebuild_from_redis_after_restart(worker: AsyncEmbedder, redis: Redis) -> None:
+    settings = _settings()
+    first = SemanticCache(settings, redis=redis, worker=worker)
+    await first.start()
+    assert await first.store(NS, "How do I reset my password?", b"pw", ttl_s=30)
+    await first.flush()
+    await first.aclose()
+    assert await redis.pttl(settings.redis_prefix + next(iter(first.index._entries))) > 20_000
+    second = SemanticCache(settings, redis=redis, worker=worker)
+    await second.start()
+    try:
+        assert len(second.index) == 1
+        res = await second.lookup(NS, "How can I reset my password?")
+        assert res.outcome == "hit" and res.hit is not None and res.hit.response == b"pw"
+    finally:
+        await second.aclose()
+
+
+async def test_pubsub_propagates_between_replicas(worker: AsyncEmbedder, redis: Redis) -> None:
+    settings = _settings()
+    a = SemanticCache(settings, redis=redis, worker=worker)
+    b = SemanticCache(settings, redis=Redis.from_url(REDIS_URL), worker=worker)
+    await a.start()
+    await b.start()
+    try:
+        await a.store(NS, "What is the boiling point of water?", b"100C")
+        for _ in range(100):
+            if len(b.index) == 1:
+                break
+            await asyncio.sleep(0.02)
+        res = await b.lookup(NS, "What's the boiling point of water?")
+        assert res.outcome == "hit" and res.hit is not None and res.hit.response == b"100C"
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_redis_down_degrades_to_memory(worker: AsyncEmbedder) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block exits: nothing listens there
+    # No retries: redis-py's default (10 retries with backoff) takes ~4 s to fail per call.
+    dead = Redis(host="127.0.0.1", port=port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    cache = SemanticCache(_settings(), redis=dead, worker=worker)
+    await cache.start(wait_s=5)
+    try:
+        assert await cache.rebuild_from_redis() == 0
+        assert await cache.store(NS, "How do I reset my password?", b"pw") is True
+        await cache.flush()
+        res = await cache.lookup(NS, "How can I reset my password?")
+        assert res.outcome == "hit"
+        assert cache.stats()["redis_errors"] >= 1
+    finally:
+        await cache.aclose()
+        await dead.aclose()
