@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from gateway import errors
 from gateway.admin import require_admin
+from gateway.cache.semantic_layer import SemanticLayer
 from gateway.errors import GatewayError
 from gateway.fallback import Fallbacks
 from gateway.pipeline import Pipeline
@@ -50,7 +51,8 @@ def create_app(
     runtime = Runtime(policy)
     state = state if state is not None else SharedState.from_env()
     fallbacks = Fallbacks(_rules_path(policy, policy_path), state.url)
-    pipeline = Pipeline(runtime, state, fallbacks)
+    semantic = SemanticLayer(policy.semantic_cache, state.url, state.prefix)
+    pipeline = Pipeline(runtime, state, fallbacks, semantic)
     shared_breakers = (
         SharedBreakers(
             runtime.breakers, state.url, channel=state.key("breakers"), replica_id=replica_id()
@@ -71,12 +73,15 @@ def create_app(
             log.info("shared state: Redis enabled")
         reloader.start()
         await fallbacks.start(pipeline.replay_send)
+        if any(m.cache.semantic.enabled for m in policy.models.values()):
+            await semantic.start()
         if shared_breakers is not None:
             await shared_breakers.start()
         yield
         if shared_breakers is not None:
             await shared_breakers.stop()
         await fallbacks.stop()
+        await semantic.aclose()
         await reloader.stop()
         await runtime.aclose()
         await state.aclose()

@@ -21,6 +21,8 @@ from gateway import errors
 from gateway.accept import Accepted, Endpoint, accept
 from gateway.attempts import Shed
 from gateway.cache.exact import MemoryLRU, RedisStore, Store, cacheable, exact_key
+from gateway.cache.semantic_layer import SemanticLayer, SemanticPlan
+from gateway.cache.semantic_settings import SemanticSettings
 from gateway.chunks import completion_to_events
 from gateway.context import Context
 from gateway.decide import PRIORITY_HEADER, Decision, decide
@@ -43,6 +45,7 @@ class CachePlan:
     read: bool
     write: bool
     ttl_s: int
+    semantic: SemanticPlan | None = None
     leader: bool = False
 
 
@@ -62,11 +65,16 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 class Pipeline:
     def __init__(
-        self, runtime: Runtime, state: SharedState | None = None, fallbacks: Fallbacks | None = None
+        self,
+        runtime: Runtime,
+        state: SharedState | None = None,
+        fallbacks: Fallbacks | None = None,
+        semantic: SemanticLayer | None = None,
     ) -> None:
         self.runtime = runtime
         self.state = state or SharedState(None)
         self.fallbacks = fallbacks or Fallbacks(None, None)
+        self.semantic = semantic or SemanticLayer(SemanticSettings(), None, "gw:")
         self.dispatcher = Dispatcher(Router())
         self.exact: Store = RedisStore(self.state) if self.state.enabled else MemoryLRU()
         self.flights = SingleFlight()
@@ -141,29 +149,40 @@ class Pipeline:
     def _cache_plan(
         self, acc: Accepted, alias: Alias, ctx: Context, headers: Headers
     ) -> CachePlan | None:
-        settings = alias.cache.exact
-        if not settings.enabled or not (
-            acc.endpoint == "embeddings" or cacheable(acc.body, settings)
-        ):
-            return None
         cc = headers.get("cache-control", "").lower()
         if "no-store" in cc:
             return None
-        ttl = settings.ttl_s
+        exact = alias.cache.exact
+        use_exact = exact.enabled and (acc.endpoint == "embeddings" or cacheable(acc.body, exact))
+        semantic = None
+        if acc.endpoint == "chat":
+            semantic = self.semantic.plan(ctx.tenant, acc.model, acc.body, alias.cache.semantic)
+        if not use_exact and semantic is None:
+            return None
+        ttl = exact.ttl_s
         ttl_header = headers.get("x-gateway-cache-ttl")
         if ttl_header and ttl_header.isdigit() and int(ttl_header) > 0:
             ttl = int(ttl_header)
+            if semantic is not None:
+                semantic.ttl_s = ttl
         namespace = headers.get("x-gateway-cache-namespace", "")
         key = exact_key(ctx.tenant, acc.model, acc.endpoint, acc.body, namespace)
         ctx.cache = "miss"
-        return CachePlan(key, read="no-cache" not in cc, write=True, ttl_s=ttl)
+        return CachePlan(
+            key, read="no-cache" not in cc, write=use_exact, ttl_s=ttl, semantic=semantic
+        )
 
     async def _cache_lookup(self, plan: CachePlan, ctx: Context) -> bytes | None:
-        if plan.read:
+        if plan.read and plan.write:
             hit = await self.exact.get(plan.key)
             if hit is not None:
                 ctx.cache = "hit-exact"
                 return hit
+        if plan.read and plan.semantic is not None:
+            found = await self.semantic.lookup(plan.semantic)
+            if found is not None:
+                ctx.cache, ctx.similarity = "hit-semantic", found[1]
+                return found[0]
         fut = self.flights.join(plan.key)
         if fut is None:
             plan.leader = True
@@ -185,6 +204,8 @@ class Pipeline:
             self.flights.resolve(plan.key, body)
         if plan.write:
             asyncio.get_running_loop().create_task(self.exact.set(plan.key, body, plan.ttl_s))
+        if plan.semantic is not None:
+            self.semantic.store(plan.semantic, body)
 
     # -- dispatch -------------------------------------------------------------------------------
 

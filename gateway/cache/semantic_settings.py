@@ -58,3 +58,16 @@ class SemanticSettings(BaseModel):
     redis_retry_s: float = Field(default=5.0, ge=0)
     """After a Redis error, Redis is skipped for this long (no connection storm, no added
     latency per request); the cache keeps working from memory."""
+
+
+class SemanticRoute(BaseModel):
+    """Per-alias switch and overrides; the engine itself is configured by `SemanticSettings`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    """None = the gateway-wide threshold (chosen by loadtests/semantic_quality.py)."""
+    ttl_s: float | None = Field(default=None, gt=0)
+    allow_nonzero_temperature: bool = False
+    """Serve similar questions' answers to sampled (temperature > 0) requests too."""

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.cache.exact import ExactSettings
+from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
 from gateway.classify import ClassRule
 from gateway.resilience.admission import QueueSettings
 from gateway.resilience.breaker import BreakerSettings
@@ -85,6 +86,7 @@ class Pool(Strict):
 
 class CachePolicy(Strict):
     exact: ExactSettings = ExactSettings()
+    semantic: SemanticRoute = SemanticRoute()
 
 
 class Alias(Strict):
@@ -145,6 +147,10 @@ class Policy(Strict):
     default_class: Name = "default"
     retry: RetrySettings = RetrySettings(max_attempts=4)
     degradation: Degradation = Degradation()
+    semantic_cache: SemanticSettings = Field(
+        default_factory=SemanticSettings,
+        description="The semantic cache engine, started when an alias enables cache.semantic.",
+    )
     providers: dict[Name, Provider] = Field(min_length=1)
     pools: dict[Name, Pool] = Field(min_length=1)
     models: dict[Name, Alias] = Field(min_length=1)

@@ -1,0 +1,115 @@
+"""The semantic cache as a pipeline step: when a route enables it, a similar last question in the
+same context (tenant, alias, earlier turns, answer-changing parameters) is answered from the cache.
+
+The engine (embedding model, FAISS, Redis persistence) is imported and started only when some alias
+enables it, so the core gateway never loads the model. Lookups never raise; any problem is a miss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gateway.cache.exact import IGNORED_FIELDS
+from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
+
+if TYPE_CHECKING:
+    from gateway.cache.semantic import SemanticCache
+
+log = logging.getLogger("gateway.cache")
+_NOT_PARAMS = IGNORED_FIELDS | {"messages", "model"}
+
+
+@dataclass(slots=True)
+class SemanticPlan:
+    namespace: str
+    text: str
+    threshold: float | None
+    ttl_s: float | None
+    vector: Any = None
+
+
+class SemanticLayer:
+    def __init__(self, settings: SemanticSettings, redis_url: str | None, prefix: str) -> None:
+        self.settings = settings.model_copy(
+            update={"redis_prefix": f"{prefix}sem:", "redis_channel": f"{prefix}sem:new"}
+        )
+        self.redis_url = redis_url
+        self.cache: SemanticCache | None = None
+        self._redis: Any = None
+        self.hits = 0
+        self.misses = 0
+        self.rejected: dict[str, int] = {}
+
+    @property
+    def ready(self) -> bool:
+        return self.cache is not None
+
+    async def start(self) -> None:
+        try:
+            from gateway.cache.semantic import SemanticCache
+        except ImportError as e:
+            log.error(
+                "semantic cache enabled in the policy but its extra is not installed (%s): "
+                "pip install 'llm-gateway[semantic]'. Continuing without it.",
+                e,
+            )
+            return
+        if self.redis_url:
+            import redis.asyncio as aioredis
+
+            self._redis = aioredis.Redis.from_url(
+                self.redis_url,
+                socket_connect_timeout=0.5,
+                socket_timeout=2.0,
+                retry_on_timeout=False,
+            )
+        self.cache = SemanticCache(self.settings, redis=self._redis)
+        await self.cache.start()
+        log.warning(
+            "semantic cache ready (%s entries loaded)", self.cache.stats().get("entries", 0)
+        )
+
+    async def aclose(self) -> None:
+        if self.cache is not None:
+            await self.cache.aclose()
+        if self._redis is not None:
+            await self._redis.aclose()
+
+    def plan(
+        self, tenant: str, alias: str, body: dict[str, Any], route: SemanticRoute
+    ) -> SemanticPlan | None:
+        if self.cache is None or not route.enabled:
+            return None
+        if not route.allow_nonzero_temperature and body.get("temperature", 1) != 0:
+            return None
+        from gateway.cache.semantic import last_user_text, namespace_for
+
+        messages = body["messages"]
+        text = last_user_text(messages)
+        if not text:
+            return None
+        params = {k: v for k, v in body.items() if k not in _NOT_PARAMS}
+        return SemanticPlan(
+            namespace_for(tenant, alias, messages, params), text, route.threshold, route.ttl_s
+        )
+
+    async def lookup(self, plan: SemanticPlan) -> tuple[bytes, float] | None:
+        assert self.cache is not None
+        found = await self.cache.lookup(plan.namespace, plan.text, plan.threshold)
+        plan.vector = found.vector
+        if found.outcome == "hit" and found.hit is not None:
+            self.hits += 1
+            return found.hit.response, found.hit.similarity
+        if found.outcome == "rejected":
+            self.rejected[found.reason or "?"] = self.rejected.get(found.reason or "?", 0) + 1
+        self.misses += 1
+        return None
+
+    def store(self, plan: SemanticPlan, body: bytes) -> None:
+        if self.cache is not None:
+            asyncio.get_running_loop().create_task(
+                self.cache.store(plan.namespace, plan.text, body, plan.ttl_s, vector=plan.vector)
+            )

@@ -1,0 +1,128 @@
+"""Semantic cache through the gateway: real model, real FAISS, real Redis, real HTTP."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("faiss", reason="the semantic extra is not installed")
+
+SYSTEM = {"role": "system", "content": "You are a helpful travel assistant."}
+
+
+def policy(fleet) -> str:
+    return f"""
+auth:
+  keys:
+    - {{tenant: t1, key_sha256: {hashlib.sha256(b"key-1").hexdigest()}}}
+    - {{tenant: t2, key_sha256: {hashlib.sha256(b"key-2").hexdigest()}}}
+providers:
+  p: {{base_url: '{fleet.url("a")}'}}
+pools:
+  main: {{members: [p]}}
+models:
+  chat:
+    pool: main
+    cache:
+      exact: {{enabled: false}}
+      semantic: {{enabled: true}}
+"""
+
+
+def ask(gw, question: str, key: str = "key-1", earlier: list[dict] | None = None) -> httpx.Response:
+    messages = [SYSTEM, *(earlier or []), {"role": "user", "content": question}]
+    body = {"model": "chat", "messages": messages, "temperature": 0, "max_tokens": 8}
+    r = httpx.post(
+        gw.base_url + "/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return r
+
+
+def eventually_hit(gw, question: str, **kw) -> httpx.Response:
+    """Entries are stored in the background: poll briefly for the hit."""
+    deadline = time.monotonic() + 5
+    while True:
+        r = ask(gw, question, **kw)
+        if r.headers["x-gateway-cache"] == "hit-semantic" or time.monotonic() > deadline:
+            return r
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def gw(fleet, gateway, redis_url, redis_prefix, monkeypatch):
+    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
+    return gateway(policy(fleet), redis_url=redis_url)
+
+
+def test_paraphrase_hits_near_miss_does_not(gw) -> None:
+    first = ask(gw, "How do I reset my password?")
+    assert first.headers["x-gateway-cache"] == "miss"
+    hit = eventually_hit(gw, "I forgot my password, how can I reset it?")
+    assert hit.headers["x-gateway-cache"] == "hit-semantic"
+    assert float(hit.headers["x-gateway-cache-similarity"]) >= 0.8
+    assert hit.json() == first.json()
+    ask(gw, "How many bags can I check on a flight to Paris?")
+    eventually_hit(gw, "How many bags can I check on a flight to Paris")  # warm the entry
+    assert (
+        ask(gw, "How many bags can I check on a flight to Rome?").headers["x-gateway-cache"]
+        != "hit-semantic"
+    )
+    assert (
+        ask(gw, "How many bags can I not check on a flight to Paris?").headers["x-gateway-cache"]
+        != "hit-semantic"
+    )
+
+
+def test_other_conversation_and_other_tenant_do_not_hit(gw) -> None:
+    earlier = [
+        {"role": "user", "content": "I am flying to Tokyo."},
+        {"role": "assistant", "content": "Nice!"},
+    ]
+    ask(gw, "What currency should I bring?", earlier=earlier)
+    assert (
+        eventually_hit(gw, "Which currency should I bring?", earlier=earlier).headers[
+            "x-gateway-cache"
+        ]
+        == "hit-semantic"
+    )
+    other = [
+        {"role": "user", "content": "I am flying to London."},
+        {"role": "assistant", "content": "Nice!"},
+    ]
+    assert (
+        ask(gw, "Which currency should I bring?", earlier=other).headers["x-gateway-cache"]
+        == "miss"
+    )
+    assert (
+        ask(gw, "Which currency should I bring?", key="key-2", earlier=earlier).headers[
+            "x-gateway-cache"
+        ]
+        == "miss"
+    )
+
+
+def test_shared_between_gateways_and_across_restart(
+    fleet, gateway, redis_url, redis_prefix, monkeypatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
+    one = gateway(policy(fleet), redis_url=redis_url)
+    two = gateway(policy(fleet), redis_url=redis_url)
+    ask(one, "What is the best time of year to visit Iceland?")
+    r = eventually_hit(two, "When is the best time of the year to visit Iceland?")
+    assert r.headers["x-gateway-cache"] == "hit-semantic"
+    one.__exit__(None, None, None)
+    two.__exit__(None, None, None)
+    three = gateway(policy(fleet), redis_url=redis_url)
+    assert (
+        eventually_hit(three, "When is the best time of year to visit Iceland?").headers[
+            "x-gateway-cache"
+        ]
+        == "hit-semantic"
+    )
