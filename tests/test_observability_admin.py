@@ -25,7 +25,9 @@ models:
 
 def providers_used(gw, n: int = 6) -> set[str]:
     with httpx.Client(base_url=gw.base_url) as c:
-        return {c.post("/chat/completions", json=CHAT).headers["x-gateway-provider"] for _ in range(n)}
+        return {
+            c.post("/chat/completions", json=CHAT).headers["x-gateway-provider"] for _ in range(n)
+        }
 
 
 def fake_request(host: str, authorization: str | None = None):

@@ -123,7 +123,9 @@ models:
 def test_off_by_default_creates_nothing() -> None:
     assert provider_from_env({}) is None
     assert provider_from_env({"OTEL_TRACES_EXPORTER": "none"}) is None
-    assert provider_from_env({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}) is None
+    assert (
+        provider_from_env({"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}) is None
+    )
     tracing = Tracing()
     ctx = Context("r", 0.0)
     tracing.begin(ctx, None)  # type: ignore[arg-type]  # never looked at when off
