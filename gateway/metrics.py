@@ -65,7 +65,8 @@ class Histogram:
         self.total += value
 
     def buckets(self) -> list[tuple[str, float]]:
-        out, running = [], 0
+        out: list[tuple[str, float]] = []
+        running = 0
         for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
             running += n
             out.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
@@ -136,6 +137,8 @@ class RequestMetrics:
 
     def _usage(self, ctx: Context) -> None:
         """Tokens from the response's usage when it is at hand; streams count content events."""
+        prompt: int | None
+        completion: int | None
         if ctx.stream:
             prompt, completion = None, content_events(ctx)
         else:
@@ -294,7 +297,7 @@ def _request_families(req: RequestMetrics) -> Iterator[Metric]:
     yield total
     yield from hists
     ulabels = list(USAGE_LABELS)
-    fams = [
+    fams: list[CounterMetricFamily] = [
         CounterMetricFamily(
             "gateway_input_tokens", "Prompt tokens (usage, else estimate).", labels=ulabels
         ),
@@ -306,8 +309,8 @@ def _request_families(req: RequestMetrics) -> Iterator[Metric]:
         CounterMetricFamily("gateway_cost_usd", "Cost at the policy's prices.", labels=ulabels),
     ]
     for key, acc in req.usage.items():
-        for fam, v in zip(fams, acc, strict=True):
-            fam.add_metric(list(key), v)
+        for counter, v in zip(fams, acc, strict=True):
+            counter.add_metric(list(key), v)
     yield from fams
     cache = CounterMetricFamily(
         "gateway_cache_requests", "Requests by cache result.", labels=["alias", "result"]

@@ -113,10 +113,8 @@ class Pipeline:
             with stage(ctx, "classify"):
                 priority = request.headers.get(PRIORITY_HEADER)
                 decision = decide(snap.policy, acc, ctx.tenant, priority)
-                ctx.prompt_tokens, ctx.request_class = (
-                    decision.prompt_tokens,
-                    decision.request_class,
-                )
+                ctx.prompt_tokens = decision.prompt_tokens
+                ctx.request_class = decision.request_class
             # 3. Cache
             plan = self._cache_plan(acc, decision.alias, ctx, request.headers)
             if plan is not None:

@@ -51,7 +51,7 @@ _SCOPE = "gateway"
 class RequestTrace:
     """The spans of one request. Created only when tracing is on."""
 
-    __slots__ = ("_attempt", "_parent", "_tracer", "root")
+    __slots__ = ("_attempt", "_parent", "_tracer", "recording", "root")
 
     def __init__(self, tracer: Tracer, client_headers: Mapping[str, str], path: str) -> None:
         self._tracer = tracer
@@ -64,6 +64,8 @@ class RequestTrace:
         )
         self._parent: OtelContext = set_span_in_context(self.root)
         self._attempt: Span | None = None
+        # Sampled out: no child spans at all; the (unsampled) context still goes upstream.
+        self.recording = self.root.is_recording()
 
     def child(self, name: str) -> Span:
         return self._tracer.start_span(name, context=self._parent)
@@ -80,6 +82,8 @@ class RequestTrace:
     def attempt(self, pool: str, member: ProviderState, number: int) -> None:
         """A new upstream attempt begins (the previous one, if still open, has succeeded)."""
         self._end_attempt()
+        if not self.recording:
+            return
         m = member.member
         self._attempt = self._tracer.start_span(
             "gateway.attempt",
@@ -200,7 +204,7 @@ class _Stage:
 def stage(ctx: Context, name: str) -> AbstractContextManager[None]:
     """A span around one pipeline step (`classify`, `cache`, `route`, `fallback`); no-op when off."""
     trace = ctx.trace
-    if trace is None:
+    if trace is None or not trace.recording:
         return _NOOP
     return _Stage(trace, name, ctx)
 
