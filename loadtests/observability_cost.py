@@ -3,7 +3,7 @@
 Run: PYTHONPATH=. python -m loadtests.observability_cost [--rounds 5] [--latency-requests 300]
      [--cpu-requests 2000] [--concurrency 8]
 
-Four `gateway serve` processes (one per setting) sit in front of one zero-latency simulated
+Five `gateway serve` processes (one per setting) sit in front of one zero-latency simulated
 provider (child process); a fifth target is the provider itself. Traces go over OTLP/HTTP to a
 local sink process that accepts and discards them (so the exporter's encoding and sending count).
 Targets are interleaved round by round, the order rotated each round, so machine noise hits each
@@ -42,6 +42,12 @@ SETTINGS: dict[str, dict[str, str]] = {
     "all off": OFF,
     "metrics+log": {**OFF, "GATEWAY_METRICS": "1", "GATEWAY_ACCESS_LOG": "1"},
     "tracing": {**OFF, "OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_on"},
+    "tracing 10%": {
+        **OFF,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.1",
+    },
     "all on": {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_on"},
 }
 
