@@ -1,7 +1,7 @@
 # The gateway image (core install: no torch). Build with the semantic extra for the semantic cache:
-#   docker build --build-arg EXTRAS="[semantic]" .
+#   docker build --build-arg EXTRAS="[otlp,semantic]" .
 FROM python:3.11-slim
-ARG EXTRAS=""
+ARG EXTRAS="[otlp]"
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,17 +18,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import errors
-from gateway.admin import require_admin
+from gateway import errors, metrics
+from gateway.admin import AdminViews, admin_router, dashboard_router, require_admin
 from gateway.cache.semantic_layer import SemanticLayer
 from gateway.errors import GatewayError
 from gateway.fallback import Fallbacks
+from gateway.health import Reachability
+from gateway.logs import AccessLog
 from gateway.pipeline import Pipeline
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
+from gateway.recent import RecentRequests
 from gateway.resilience.shared import SharedBreakers
 from gateway.runtime import Runtime
 from gateway.state import SharedState
+from gateway.telemetry import Tracing
 
 log = logging.getLogger("gateway")
 _CREATED = int(time.time())
@@ -45,6 +52,21 @@ def _rules_path(policy: Policy, policy_path: str | None) -> Path | None:
     return p
 
 
+def metrics_enabled() -> bool:
+    """GATEWAY_METRICS=0 turns off per-request metrics and the dashboard's traffic figures."""
+    return os.environ.get("GATEWAY_METRICS", "1").lower() not in ("0", "false", "no", "off")
+
+
+async def _deferred_length(fallbacks: Fallbacks) -> int:
+    """Requests waiting for replay (bounded wait: a scrape must not hang on Redis)."""
+    total = 0
+    for q in (fallbacks.queue, fallbacks.local_queue):
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(0.25):
+                total += await q.depth()
+    return total
+
+
 def create_app(
     policy: Policy, state: SharedState | None = None, policy_path: str | None = None
 ) -> FastAPI:
@@ -61,6 +83,17 @@ def create_app(
         else None
     )
     reloader = PolicyReloader(policy_path, runtime.apply_version, state, replica_id())
+    # 7. Record: traces, metrics, the dashboard's last minute, the access log.
+    tracing = Tracing.from_env()
+    tracing.install(pipeline)
+    request_metrics = metrics.RequestMetrics(runtime) if metrics_enabled() else None
+    recent = RecentRequests() if metrics_enabled() else None
+    for observer in (request_metrics, recent, AccessLog.from_env()):
+        pipeline.observe(observer)
+    collector = metrics.GatewayCollector(request_metrics, runtime, pipeline, fallbacks, reloader)
+    registry = metrics.make_registry(collector)
+    reachability = Reachability(runtime)
+    views = AdminViews(runtime, pipeline, reloader, recent, policy_path or "embedded")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,6 +105,7 @@ def create_app(
         if state.enabled:
             log.info("shared state: Redis enabled")
         reloader.start()
+        reachability.start()
         await fallbacks.start(pipeline.replay_send)
         if any(m.cache.semantic.enabled for m in policy.models.values()):
             await semantic.start()
@@ -83,8 +117,10 @@ def create_app(
         await fallbacks.stop()
         await semantic.aclose()
         await reloader.stop()
+        await reachability.stop()
         await runtime.aclose()
         await state.aclose()
+        pipeline.tracing.shutdown()
 
     app = FastAPI(
         title="LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
@@ -92,6 +128,9 @@ def create_app(
     app.state.runtime = runtime
     app.state.pipeline = pipeline
     app.state.reloader = reloader
+    app.state.views = views
+    app.include_router(admin_router(views))
+    app.include_router(dashboard_router())
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> Response:
@@ -162,10 +201,14 @@ def create_app(
 
     @app.get("/ready")
     async def ready() -> Response:
-        snap = runtime.snapshot
-        return _json(
-            {"status": "ready", "policy_version": snap.version, "providers": len(snap.providers)}
-        )
+        """Policy loaded and a provider reachable (cached probes and breakers: no network)."""
+        ok, detail = reachability.report()
+        return _json({"status": "ready" if ok else "not_ready", **detail}, 200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        collector.deferred_length = await _deferred_length(fallbacks)
+        return Response(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
 
     @app.get("/v1/gateway/deferred/{request_id}")
     async def deferred_result(request_id: str, request: Request) -> Response:

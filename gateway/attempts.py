@@ -68,6 +68,8 @@ class Candidates:
                 self.per_pool[name] = self.per_pool.get(name, 0) + 1
                 self.ctx.pool, self.ctx.provider = name, member.name
                 self.ctx.attempts += 1
+                if self.ctx.trace is not None:
+                    self.ctx.trace.attempt(name, member, self.ctx.attempts)
                 return member
         return None
 
@@ -109,6 +111,8 @@ def settle_failure(
     member: ProviderState, f: UpstreamFailure, elapsed_s: float, ctx: Context, admission: Admission
 ) -> None:
     ctx.failures.append(f"{member.name}:{f.kind}")
+    if ctx.trace is not None:
+        ctx.trace.attempt_failed(f)
     kind = FailureKind(f.kind)
     if kind is FailureKind.UPSTREAM_4XX:
         member.member.release()  # the request's fault, not the member's

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.telemetry import RequestTrace
 
 
 @dataclass(slots=True)
@@ -27,6 +31,12 @@ class Context:
     end: float = 0.0
     resumed: bool = False
     failures: list[str] = field(default_factory=list)
+    output_chunks: int = 0  # SSE events relayed to the client (streams)
+    # Kept by reference for the record step (usage, optional body logging); never copied.
+    request_body: bytes | None = None
+    response_body: bytes | None = None
+    # Spans of this request; None when tracing is off (nothing is created on the hot path).
+    trace: RequestTrace | None = None
     # Set for streams: called once when the stream has ended (the request is then recorded).
     on_done: Callable[[Context], None] | None = None
 

@@ -32,6 +32,7 @@ from gateway.router import Router
 from gateway.routing.member import SignalKind, latency_signal
 from gateway.runtime import ProviderState, Snapshot
 from gateway.sse import SSESplitter, encode_event, event_data
+from gateway.telemetry import upstream_headers
 from gateway.upstream import UpstreamFailure, UpstreamStream
 
 CLIENT_ERRORS = frozenset({"upstream_4xx"})
@@ -121,7 +122,7 @@ class Dispatcher:
                 resp = await member.client.send(
                     path,
                     self.upstream_body(acc.body, acc.model, member),
-                    None,
+                    upstream_headers(ctx),
                     member.config.timeouts,
                 )
             except UpstreamFailure as f:
@@ -139,6 +140,7 @@ class Dispatcher:
             total = time.monotonic() - start
             out = completion_tokens(resp.body) if signal == "per_token" else None
             settle_success(member, latency_signal(signal, None, total, out), self.admission)
+            ctx.response_body = resp.body
             return resp.body, resp.headers
         raise self.exhausted(last)
 
@@ -161,7 +163,10 @@ class Dispatcher:
             member.requests += 1
             try:
                 stream = await member.client.open_stream(
-                    path, self.upstream_body(body, alias, member), None, member.config.timeouts
+                    path,
+                    self.upstream_body(body, alias, member),
+                    upstream_headers(ctx),
+                    member.config.timeouts,
                 )
             except UpstreamFailure as f:
                 last = f
@@ -329,6 +334,7 @@ class StreamRelay:
         finally:
             if not settled:
                 settle_cancelled(member, self.d.admission)  # the client went away
+            self.ctx.output_chunks += events
             await stream.aclose()
 
     async def _reopen(

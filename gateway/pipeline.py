@@ -34,6 +34,7 @@ from gateway.router import Router
 from gateway.runtime import Runtime, Snapshot
 from gateway.singleflight import LeaderGone, SingleFlight, wait
 from gateway.state import SharedState
+from gateway.telemetry import Tracing, stage
 
 log = logging.getLogger("gateway.request")
 JSON = "application/json"
@@ -79,10 +80,17 @@ class Pipeline:
         self.exact: Store = RedisStore(self.state) if self.state.enabled else MemoryLRU()
         self.flights = SingleFlight()
         self.observers: list[Callable[[Context], None]] = []
+        self.tracing = Tracing()  # off; see gateway.telemetry
+
+    def observe(self, observer: Callable[[Context], None] | None) -> None:
+        """Register a record-step observer (metrics, logs, traces); None is skipped."""
+        if observer is not None and observer not in self.observers:
+            self.observers.append(observer)
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
         ctx = Context(request.headers.get("x-request-id") or uuid.uuid4().hex, time.perf_counter())
         ctx.endpoint = endpoint
+        self.tracing.begin(ctx, request)  # root span, only when tracing is on
         response = await self._handle(request, ctx)
         ctx.status = response.status_code
         if isinstance(response, StreamingResponse):
@@ -104,24 +112,31 @@ class Pipeline:
             # 1. Accept
             ctx.tenant = snap.keys.tenant_for(request.headers.get("authorization"))
             raw = await read_body(request, snap.policy.server.max_body_bytes)
+            ctx.request_body = raw
             acc = accept(raw, endpoint)
             if acc.model not in snap.policy.models:
                 raise errors.model_not_found(acc.model)
             ctx.alias, ctx.stream = acc.model, acc.stream
             # 2. Classify
-            decision = decide(snap.policy, acc, ctx.tenant, request.headers.get(PRIORITY_HEADER))
-            ctx.prompt_tokens, ctx.request_class = decision.prompt_tokens, decision.request_class
+            with stage(ctx, "classify"):
+                priority = request.headers.get(PRIORITY_HEADER)
+                decision = decide(snap.policy, acc, ctx.tenant, priority)
+                ctx.prompt_tokens = decision.prompt_tokens
+                ctx.request_class = decision.request_class
             # 3. Cache
             plan = self._cache_plan(acc, decision.alias, ctx, request.headers)
             if plan is not None:
-                cached = await self._cache_lookup(plan, ctx)
+                with stage(ctx, "cache"):
+                    cached = await self._cache_lookup(plan, ctx)
                 if cached is not None:
                     return self._from_cache(cached, acc, ctx)
             # 4-6. Route, dispatch, recover; when nothing can answer, degrade
             try:
-                return await self._dispatch(snap, acc, decision, ctx, plan)
+                with stage(ctx, "route"):
+                    return await self._dispatch(snap, acc, decision, ctx, plan)
             except (Exhausted, Shed) as e:
-                return await self.fallbacks.degrade(e, acc, raw, ctx)
+                with stage(ctx, "fallback"):
+                    return await self.fallbacks.degrade(e, acc, raw, ctx)
         except PassThrough as p:
             return p.response
         except GatewayError as e:

@@ -128,7 +128,8 @@ def test_replay_keeps_timing(servers, tmp_path: Path) -> None:
 
 
 def test_compare_gives_ratios(servers, tmp_path: Path) -> None:
-    a, b = servers
+    # 20 ms extra per request: a difference no load on the machine can hide.
+    a, b = servers[0], EchoServerThread(0.02).start()
     data = _run(
         tmp_path,
         "compare",
@@ -141,6 +142,7 @@ def test_compare_gives_ratios(servers, tmp_path: Path) -> None:
         "--per-round",
         "4",
     )
+    b.stop()
     rows = {r["target"]: r for r in data["tables"]["compare"]}
     assert rows["fast"]["lat_p50_ms_ratio"] == 1.0
     assert rows["slow"]["lat_p50_ms_ratio"] > 1.0 and rows["slow"]["requests"] == 8

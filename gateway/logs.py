@@ -1,0 +1,97 @@
+"""The access log: one JSON line per finished request on the `gateway.access` logger.
+
+`GATEWAY_ACCESS_LOG=0` turns it off (the observer is then not even registered); when the logger
+is disabled by logging configuration nothing is built either. Prompts and completions are not
+logged unless `GATEWAY_LOG_BODIES=1` (non-streamed completions only: a stream is never buffered
+for the log). Without a handler configured for `gateway.access`, lines go to stdout as bare JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from gateway.context import Context
+
+ACCESS = "gateway.access"
+_BODY_LIMIT = 64 * 1024  # a logged body is cut here: log lines must stay bounded
+
+
+def access_log_enabled(env: Mapping[str, str] = os.environ) -> bool:
+    return env.get("GATEWAY_ACCESS_LOG", "1").lower() not in ("0", "false", "no", "off")
+
+
+def setup_access_logger() -> logging.Logger:
+    """Bare JSON lines on stdout unless logging was configured for `gateway.access` already."""
+    logger = logging.getLogger(ACCESS)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+    return logger
+
+
+def access_record(ctx: Context, bodies: bool = False) -> dict[str, Any]:
+    """The fields of one access log line."""
+    rec: dict[str, Any] = {
+        "ts": round(time.time(), 3),
+        "request_id": ctx.request_id,
+        "status": ctx.status,
+        "tenant": ctx.tenant,
+        "endpoint": ctx.endpoint,
+        "alias": ctx.alias,
+        "stream": ctx.stream,
+        "class": ctx.request_class,
+        "prompt_tokens": ctx.prompt_tokens,
+        "pool": ctx.pool,
+        "provider": ctx.provider,
+        "attempts": ctx.attempts,
+        "failures": ctx.failures,
+        "cache": ctx.cache,
+        "degraded": ctx.degraded,
+        "resumed": ctx.resumed,
+        "total_ms": round((ctx.end - ctx.start) * 1000, 3),
+        "ttft_ms": None if ctx.ttft_s is None else round(ctx.ttft_s * 1000, 3),
+    }
+    if ctx.similarity is not None:
+        rec["similarity"] = ctx.similarity
+    if bodies:
+        rec["request_body"] = _text(ctx.request_body)
+        rec["response_body"] = _text(ctx.response_body)
+    return rec
+
+
+def _text(body: bytes | None) -> str | None:
+    if body is None:
+        return None
+    return body[:_BODY_LIMIT].decode("utf-8", "replace")
+
+
+class AccessLog:
+    """Record-step observer writing the access log line."""
+
+    def __init__(self, logger: logging.Logger | None = None, bodies: bool = False) -> None:
+        self.logger = logger or setup_access_logger()
+        self.bodies = bodies
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> AccessLog | None:
+        if not access_log_enabled(env):
+            return None
+        return cls(bodies=env.get("GATEWAY_LOG_BODIES", "0") == "1")
+
+    def __call__(self, ctx: Context) -> None:
+        logger = self.logger
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        logger.info(orjson.dumps(access_record(ctx, self.bodies)).decode())
