@@ -49,7 +49,7 @@ def create_app(
 ) -> FastAPI:
     runtime = Runtime(policy)
     state = state if state is not None else SharedState.from_env()
-    fallbacks = Fallbacks(_rules_path(policy, policy_path), state.url)
+    fallbacks = Fallbacks(_rules_path(policy, policy_path), state.url, prefix=state.key("deferred"))
     pipeline = Pipeline(runtime, state, fallbacks)
     shared_breakers = (
         SharedBreakers(
@@ -172,6 +172,12 @@ def create_app(
                 f"No deferred request with id '{request_id}'.", code="deferred_not_found"
             )
         return _json(doc)
+
+    @app.get("/admin/breakers")
+    async def admin_breakers(request: Request) -> Response:
+        """Every provider's breaker: state, time left open or cooling down, window counts."""
+        require_admin(request)
+        return _json(runtime.breakers.snapshot())
 
     @app.post("/admin/reload")
     async def admin_reload(request: Request) -> Response:

@@ -2,8 +2,10 @@
 
 Pools in the decision's chain are walked in order; inside a pool, up to `max_attempts` members are
 picked by the router, each at most once. A member is only used after its breaker admits the
-request. When every untried member is merely full, the request waits in the first pool's bounded
-queue (admission control) and is shed when the wait runs out.
+request. A member whose breaker waits for a half-open probe is tried first: its latency estimate
+still carries the outage's penalty, so the balancer alone would leave it unprobed (and half-open)
+for a long time. When every untried member is merely full, the request waits in the first pool's
+bounded queue (admission control) and is shed when the wait runs out.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ class Candidates:
         pools = self.snap.policy.pools
         for name in self.chain:
             while self.per_pool.get(name, 0) < pools[name].max_attempts:
-                member = self.router.pick(self.snap, name, self.tried, self.key)
+                member = self._probe(name) or self.router.pick(
+                    self.snap, name, self.tried, self.key
+                )
                 if member is None:
                     break
                 self.tried.add(member.name)
@@ -70,6 +74,30 @@ class Candidates:
                 self.ctx.attempts += 1
                 return member
         return None
+
+    def _probe(self, pool: str) -> ProviderState | None:
+        """An untried member of ``pool`` whose half-open breaker has a probe slot free."""
+        for name in self.snap.policy.pools[pool].members:
+            p = self.snap.providers[name]
+            if (
+                p.breaker.probe_wanted()
+                and name not in self.tried
+                and not p.drained
+                and p.member.has_capacity()
+            ):
+                return p
+        return None
+
+    def retry_after_s(self) -> float | None:
+        """When a member of the chain can be tried again (cool-down or open breaker), if known."""
+        soonest: float | None = None
+        for pool in self.chain:
+            for name in self.snap.policy.pools[pool].members:
+                p = self.snap.providers[name]
+                wait = p.breaker.blocked_for_s()
+                if wait is not None and not p.drained and (soonest is None or wait < soonest):
+                    soonest = wait
+        return soonest
 
     def _full_members_left(self) -> bool:
         """Is some untried, available member of a pool with attempts left only at its limit?"""
