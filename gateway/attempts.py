@@ -133,19 +133,41 @@ def settle_success(member: ProviderState, latency_s: float, admission: Admission
     admission.released()
 
 
+# Failures that took long: the latency estimate must learn that this member is slow now.
+# Fast failures (refused connections, 5xx, 429, broken streams) are left to the breaker and the
+# Retry-After cool-down: a latency penalty would hide the member from the balancer after a single
+# error, so the breaker would never see the failures it needs to trip (and share with the other
+# replicas), and a recovered member would stay shunned until the penalty decayed.
+_SLOW_FAILURES = frozenset(
+    {
+        FailureKind.CONNECT_TIMEOUT,
+        FailureKind.FIRST_BYTE_TIMEOUT,
+        FailureKind.IDLE_TIMEOUT,
+        FailureKind.TOTAL_TIMEOUT,
+    }
+)
+
+
 def settle_failure(
     member: ProviderState, f: UpstreamFailure, elapsed_s: float, ctx: Context, admission: Admission
 ) -> None:
     ctx.failures.append(f"{member.name}:{f.kind}")
     kind = FailureKind(f.kind)
+    routing = member.member
     if kind is FailureKind.UPSTREAM_4XX:
-        member.member.release()  # the request's fault, not the member's
+        routing.release()  # the request's fault, not the member's
         member.breaker.release()
+        admission.released()
+        return
+    if kind in _SLOW_FAILURES:
+        routing.end(elapsed_s, ok=False, error_kind=f.kind)
     else:
-        member.member.end(elapsed_s, ok=False, error_kind=f.kind)
-        member.breaker.record_failure(kind)
-        if kind is FailureKind.RATE_LIMITED:
-            member.breaker.cool_down(f.retry_after if f.retry_after is not None else 1.0)
+        routing.release()
+        routing.failures += 1
+        routing.last_error_at, routing.last_error_kind = time.monotonic(), f.kind
+    member.breaker.record_failure(kind)
+    if kind is FailureKind.RATE_LIMITED:
+        member.breaker.cool_down(f.retry_after if f.retry_after is not None else 1.0)
     admission.released()
 
 

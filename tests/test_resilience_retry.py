@@ -39,8 +39,8 @@ def _healthy(fleet: Fleet) -> Iterator[None]:
 def providers(fleet: Fleet, *names: str, breaker: str = "") -> str:
     extra = f", breaker: {breaker}" if breaker else ""
     return "\n".join(
-        f"  {n}: {{base_url: '{fleet.url(n)}', timeouts: {{connect_s: 0.3, first_byte_s: 2, "
-        f"total_s: 5}}{extra}}}"
+        f"  {n}: {{base_url: '{fleet.url(n)}', timeouts: {{connect_s: 2, first_byte_s: 5, "
+        f"total_s: 10}}{extra}}}"
         for n in names
     )
 

@@ -21,9 +21,11 @@ from tests.test_resilience_helpers import (  # noqa: F401 - fixture
     unconnectable_port,
 )
 
-FAST_TIMEOUTS = "{connect_s: 0.3, first_byte_s: 0.4, idle_s: 0.4, total_s: 0.9}"
+FAST_TIMEOUTS = "{connect_s: 0.5, first_byte_s: 0.4, idle_s: 0.4, total_s: 0.9}"
+# The healthy member gets generous limits: a busy test machine must not make it fail too.
+GOOD_TIMEOUTS = "{connect_s: 2.0, first_byte_s: 5.0, idle_s: 5.0, total_s: 10.0}"
 # total_s below idle_s: a steady trickle of tokens can only end by the total limit.
-TRICKLE_TIMEOUTS = "{connect_s: 0.3, first_byte_s: 0.4, idle_s: 2.0, total_s: 0.8}"
+TRICKLE_TIMEOUTS = "{connect_s: 0.5, first_byte_s: 0.4, idle_s: 2.0, total_s: 0.8}"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,7 @@ def policy(
 ) -> str:
     """Pool with `bad` tried first (round robin starts at the first member), then `good`."""
     members = "[bad, good]" if good_url else "[bad]"
-    good = f"  good: {{base_url: '{good_url}', timeouts: {FAST_TIMEOUTS}}}\n" if good_url else ""
+    good = f"  good: {{base_url: '{good_url}', timeouts: {GOOD_TIMEOUTS}}}\n" if good_url else ""
     return f"""
 providers:
   bad: {{base_url: '{bad_url}', timeouts: {timeouts}}}
