@@ -72,7 +72,7 @@ def create_app(
 ) -> FastAPI:
     runtime = Runtime(policy)
     state = state if state is not None else SharedState.from_env()
-    fallbacks = Fallbacks(_rules_path(policy, policy_path), state.url)
+    fallbacks = Fallbacks(_rules_path(policy, policy_path), state.url, prefix=state.key("deferred"))
     semantic = SemanticLayer(policy.semantic_cache, state.url, state.prefix)
     pipeline = Pipeline(runtime, state, fallbacks, semantic)
     shared_breakers = (

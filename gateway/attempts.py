@@ -2,8 +2,10 @@
 
 Pools in the decision's chain are walked in order; inside a pool, up to `max_attempts` members are
 picked by the router, each at most once. A member is only used after its breaker admits the
-request. When every untried member is merely full, the request waits in the first pool's bounded
-queue (admission control) and is shed when the wait runs out.
+request. A member whose breaker waits for a half-open probe is tried first: its latency estimate
+still carries the outage's penalty, so the balancer alone would leave it unprobed (and half-open)
+for a long time. When every untried member is merely full, the request waits in the first pool's
+bounded queue (admission control) and is shed when the wait runs out.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ class Candidates:
         pools = self.snap.policy.pools
         for name in self.chain:
             while self.per_pool.get(name, 0) < pools[name].max_attempts:
-                member = self.router.pick(self.snap, name, self.tried, self.key)
+                member = self._probe(name) or self.router.pick(
+                    self.snap, name, self.tried, self.key
+                )
                 if member is None:
                     break
                 self.tried.add(member.name)
@@ -72,6 +76,30 @@ class Candidates:
                     self.ctx.trace.attempt(name, member, self.ctx.attempts)
                 return member
         return None
+
+    def _probe(self, pool: str) -> ProviderState | None:
+        """An untried member of ``pool`` whose half-open breaker has a probe slot free."""
+        for name in self.snap.policy.pools[pool].members:
+            p = self.snap.providers[name]
+            if (
+                p.breaker.probe_wanted()
+                and name not in self.tried
+                and not p.drained
+                and p.member.has_capacity()
+            ):
+                return p
+        return None
+
+    def retry_after_s(self) -> float | None:
+        """When a member of the chain can be tried again (cool-down or open breaker), if known."""
+        soonest: float | None = None
+        for pool in self.chain:
+            for name in self.snap.policy.pools[pool].members:
+                p = self.snap.providers[name]
+                wait = p.breaker.blocked_for_s()
+                if wait is not None and not p.drained and (soonest is None or wait < soonest):
+                    soonest = wait
+        return soonest
 
     def _full_members_left(self) -> bool:
         """Is some untried, available member of a pool with attempts left only at its limit?"""
@@ -107,6 +135,22 @@ def settle_success(member: ProviderState, latency_s: float, admission: Admission
     admission.released()
 
 
+# Failures that took long: the latency estimate must learn that this member is slow now.
+# Fast failures (refused connections, 5xx, 429, broken streams) make the member look several times
+# slower than its estimate (so fast errors never look fast), but without the absolute penalty
+# floor: that would hide the member after a single error, so the breaker would never see the
+# failures it needs to trip (and share with the other replicas), and a recovered member would stay
+# shunned until the penalty decayed.
+_SLOW_FAILURES = frozenset(
+    {
+        FailureKind.CONNECT_TIMEOUT,
+        FailureKind.FIRST_BYTE_TIMEOUT,
+        FailureKind.IDLE_TIMEOUT,
+        FailureKind.TOTAL_TIMEOUT,
+    }
+)
+
+
 def settle_failure(
     member: ProviderState, f: UpstreamFailure, elapsed_s: float, ctx: Context, admission: Admission
 ) -> None:
@@ -114,14 +158,16 @@ def settle_failure(
     if ctx.trace is not None:
         ctx.trace.attempt_failed(f)
     kind = FailureKind(f.kind)
+    routing = member.member
     if kind is FailureKind.UPSTREAM_4XX:
-        member.member.release()  # the request's fault, not the member's
+        routing.release()  # the request's fault, not the member's
         member.breaker.release()
-    else:
-        member.member.end(elapsed_s, ok=False, error_kind=f.kind)
-        member.breaker.record_failure(kind)
-        if kind is FailureKind.RATE_LIMITED:
-            member.breaker.cool_down(f.retry_after if f.retry_after is not None else 1.0)
+        admission.released()
+        return
+    routing.end(elapsed_s, ok=False, error_kind=f.kind, floor=kind in _SLOW_FAILURES)
+    member.breaker.record_failure(kind)
+    if kind is FailureKind.RATE_LIMITED:
+        member.breaker.cool_down(f.retry_after if f.retry_after is not None else 1.0)
     admission.released()
 
 

@@ -10,6 +10,7 @@ the same client stream); otherwise it ends with an OpenAI-shaped error event.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -114,7 +115,8 @@ class Dispatcher:
         last: UpstreamFailure | None = None
         path = PATHS[acc.endpoint]
         attempt = 0
-        async for member in self.candidates(snap, decision, ctx):
+        candidates = self.candidates(snap, decision, ctx)
+        async for member in candidates:
             attempt += 1
             start = member.member.begin()
             member.requests += 1
@@ -142,7 +144,7 @@ class Dispatcher:
             settle_success(member, latency_signal(signal, None, total, out), self.admission)
             ctx.response_body = resp.body
             return resp.body, resp.headers
-        raise self.exhausted(last)
+        raise self.exhausted(last, candidates)
 
     async def open_stream(
         self,
@@ -180,7 +182,7 @@ class Dispatcher:
                 settle_cancelled(member, self.admission)
                 raise
             return stream, member, start
-        raise self.exhausted(last)
+        raise self.exhausted(last, candidates)
 
     async def stream(
         self,
@@ -223,13 +225,25 @@ class Dispatcher:
         )
 
     @staticmethod
-    def exhausted(last: UpstreamFailure | None) -> Exhausted:
+    def exhausted(last: UpstreamFailure | None, candidates: Candidates) -> Exhausted:
         if last is None:
+            # Nothing was sent: every member is cooling down, open or drained.
+            wait = candidates.retry_after_s()
+            if wait is None:
+                return Exhausted(
+                    503,
+                    "No provider is available for this model right now.",
+                    type="upstream_error",
+                    code="no_provider_available",
+                )
+            seconds = max(1, math.ceil(wait))
             return Exhausted(
                 503,
-                "No provider is available for this model right now.",
+                "Every provider for this model is cooling down (rate limited) or has its "
+                f"circuit open; retry in about {seconds} s.",
                 type="upstream_error",
                 code="no_provider_available",
+                headers={"retry-after": str(seconds)},
             )
         status, code = _EXHAUSTED_STATUS.get(last.kind, (502, "upstream_error"))
         err = Exhausted(
@@ -263,6 +277,7 @@ class StreamRelay:
         self.resume = decision.alias.resume and acc.endpoint == "chat"
         self.assembler = StreamAssembler() if (on_complete is not None or self.resume) else None
         self.resumed_from: str | None = None
+        self._partial_tokens = 0  # output already sent when the stream was last resumed
         self._broken: UpstreamFailure | None = None
 
     async def run(
@@ -350,11 +365,12 @@ class StreamRelay:
         ):
             return None
         partial = asm.content(0)
+        # Words emitted so far approximate the tokens already spent.
+        self._partial_tokens = len(partial.split())
         body = dict(self.acc.body)
         body["messages"] = [*body["messages"], {"role": "assistant", "content": partial}]
         if self.acc.max_tokens:
-            # Words emitted so far approximate the tokens already spent.
-            remaining = max(1, self.acc.max_tokens - len(partial.split()))
+            remaining = max(1, self.acc.max_tokens - self._partial_tokens)
             body.pop("max_completion_tokens", None)
             body["max_tokens"] = remaining
         self.resumed_from = self.ctx.provider
@@ -367,7 +383,11 @@ class StreamRelay:
             return None
 
     def _splice(self, ev: bytes) -> bytes | None:
-        """Rewrite a continuation event so the client sees one stream (same id, no second role)."""
+        """Rewrite a continuation event so the client sees one stream.
+
+        Same id/created/model as the first part, no second role chunk, usage counting the whole
+        answer, and a `gateway_resumed` marker on the finishing chunk and the usage chunk.
+        """
         data = event_data(ev)
         if data is None or data == b"[DONE]":
             return ev
@@ -379,13 +399,21 @@ class StreamRelay:
         for k in ("id", "created", "model"):
             if meta.get(k) is not None:
                 chunk[k] = meta[k]
-        for c in chunk.get("choices") or []:
+        choices = chunk.get("choices") or []
+        for c in choices:
             delta = c.get("delta") or {}
             delta.pop("role", None)
+            if delta.get("content") == "" and len(delta) == 1:
+                del delta["content"]
             if not delta and not c.get("finish_reason"):
                 return None  # the continuation's own role chunk
-            if c.get("finish_reason"):
-                chunk["gateway_resumed"] = {"from": self.resumed_from, "on": self.ctx.provider}
+        usage = chunk.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            # The part sent before the break counts as output, not as the continuation's prompt.
+            usage["completion_tokens"] += self._partial_tokens
+            usage["prompt_tokens"] = max(0, usage.get("prompt_tokens", 0) - self._partial_tokens)
+        if usage or any(c.get("finish_reason") for c in choices):
+            chunk["gateway_resumed"] = {"from": self.resumed_from, "on": self.ctx.provider}
         return encode_event(orjson.dumps(chunk))
 
 

@@ -24,6 +24,7 @@ from gateway.replay import (
     MemoryReplayQueue,
     QueueFull,
     ReplayQueue,
+    ReplaySettings,
     ReplayWorker,
     make_replay_queue,
 )
@@ -33,7 +34,9 @@ SendFn = Callable[[bytes], Awaitable[tuple[int, bytes]]]
 
 
 class Fallbacks:
-    def __init__(self, rules_path: Path | None, redis_url: str | None) -> None:
+    def __init__(
+        self, rules_path: Path | None, redis_url: str | None, *, prefix: str = "gateway"
+    ) -> None:
         self.rules = RuleStore(rules_path) if rules_path is not None else None
         client = (
             aioredis.Redis.from_url(redis_url, socket_connect_timeout=0.5, socket_timeout=5.0)
@@ -41,11 +44,13 @@ class Fallbacks:
             else None
         )
         self._client = client
-        self.queue: ReplayQueue = make_replay_queue(client)
+        # The replicas of one deployment share the queue; other deployments use another prefix.
+        self.queue: ReplayQueue = make_replay_queue(client, ReplaySettings(prefix=prefix))
         self.local_queue = MemoryReplayQueue()  # when Redis is down at enqueue time
         self.workers: list[ReplayWorker] = []
         self.degraded = 0
         self.queued = 0
+        self._queue_down = False
 
     async def start(self, send: SendFn) -> None:
         if self.rules is None:
@@ -111,16 +116,21 @@ class Fallbacks:
         for q in (self.queue, self.local_queue):
             try:
                 await q.enqueue(ctx.request_id, ctx.tenant, ctx.alias, body)
-                self.queued += 1
-                return True
             except QueueFull:
                 return False
             except Exception as e:  # noqa: BLE001 - Redis down: keep it in this process instead
-                log.warning(
-                    "deferred queue unavailable (%s); keeping request %s locally",
-                    type(e).__name__,
-                    ctx.request_id,
-                )
+                if not self._queue_down:  # once per outage, not once per request
+                    self._queue_down = True
+                    log.warning(
+                        "deferred queue unavailable (%s); keeping requests in this process",
+                        type(e).__name__,
+                    )
+                continue
+            if q is self.queue and self._queue_down:
+                self._queue_down = False
+                log.warning("deferred queue reachable again")
+            self.queued += 1
+            return True
         return False
 
     async def result(self, request_id: str, tenant: str) -> dict | None:

@@ -30,6 +30,12 @@ _DROP_HEADERS = frozenset(
 )
 
 
+# A pooled keep-alive connection that the server closed meanwhile (its idle timeout raced our
+# reuse) fails like this, before any response byte. The server never handled the request, so one
+# immediate resend on a fresh connection is safe, and it says nothing about the provider's health.
+_STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.WriteError)
+
+
 class UpstreamFailure(Exception):
     """One failed attempt. `status`/`body` are set when the provider answered with an error."""
 
@@ -139,6 +145,7 @@ class UpstreamClient:
     def __init__(self, name: str, config: Provider, api_key: str | None) -> None:
         self.name = name
         self.config = config
+        self.stale_resends = 0
         t = config.timeouts
         limits = httpx.Limits(
             max_connections=config.max_inflight or 1000,
@@ -165,6 +172,14 @@ class UpstreamClient:
     def _request(self, path: str, body: bytes, headers: dict[str, str] | None) -> httpx.Request:
         return self._client.build_request("POST", path, content=body, headers=headers)
 
+    async def _send(self, req: httpx.Request, stream: bool) -> httpx.Response:
+        """Send, resending once when a reused connection turns out to be closed."""
+        try:
+            return await self._client.send(req, stream=stream)
+        except _STALE_CONNECTION:
+            self.stale_resends += 1
+            return await self._client.send(req, stream=stream)
+
     async def send(
         self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
     ) -> UpstreamResponse:
@@ -179,7 +194,7 @@ class UpstreamClient:
         ).as_dict()
         try:
             async with asyncio.timeout(timeouts.total_s):
-                resp = await self._client.send(req)
+                resp = await self._send(req, stream=False)
         except TimeoutError:
             raise UpstreamFailure("total_timeout", "no complete answer in time") from None
         except httpx.ConnectTimeout:
@@ -213,7 +228,7 @@ class UpstreamClient:
         resp: httpx.Response | None = None
         try:
             async with asyncio.timeout(min(timeouts.first_byte_s, timeouts.total_s)):
-                resp = await self._client.send(req, stream=True)
+                resp = await self._send(req, stream=True)
                 if resp.status_code >= 400:
                     content = await resp.aread()
                     await resp.aclose()

@@ -147,6 +147,23 @@ class CircuitBreaker:
             return probes < self.settings.half_open_probes
         return False
 
+    def probe_wanted(self) -> bool:
+        """Half-open with a probe slot free: the next request should go here to test recovery."""
+        if self._state is BreakerState.CLOSED:
+            return False
+        return self.state is BreakerState.HALF_OPEN and self.allow()
+
+    def blocked_for_s(self) -> float | None:
+        """Seconds until this breaker admits requests again; None when it admits now or when it
+        is held open by hand (no known end)."""
+        now = self._clock()
+        until = self._cooldown_until
+        if self._state is BreakerState.OPEN and now < self._open_until:
+            until = max(until, self._open_until)
+        if until <= now or math.isinf(until):
+            return None
+        return until - now
+
     def snapshot(self) -> dict[str, Any]:
         now = self._clock()
         ok, failed = self._window.totals()

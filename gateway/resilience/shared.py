@@ -127,8 +127,10 @@ class SharedBreakers:
                     assert self._client is not None
                     await self._client.publish(self.channel, payload)
                 except (RedisError, OSError) as exc:
-                    self._mark_down(exc)
                     failures += 1
+                    if failures == 1:
+                        continue  # maybe a pooled connection Redis dropped: once more, fresh
+                    self._mark_down(exc)
                     await asyncio.sleep(self._backoff(failures))
                     continue
                 failures = 0

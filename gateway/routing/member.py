@@ -97,7 +97,9 @@ class Member:
         self.inflight += 1
         return self._clock()
 
-    def end(self, latency_s: float, ok: bool = True, error_kind: str | None = None) -> None:
+    def end(
+        self, latency_s: float, ok: bool = True, error_kind: str | None = None, floor: bool = True
+    ) -> None:
         """Finish a request begun with `begin()` and record its outcome.
 
         `latency_s` is the signal chosen by the caller (see `latency_signal`).
@@ -112,7 +114,7 @@ class Member:
         self.failures += 1
         self.last_error_at = now
         self.last_error_kind = error_kind or "error"
-        self.ewma.observe_failure(latency_s, now)
+        self.ewma.observe_failure(latency_s, now, floor=floor)
 
     def release(self) -> None:
         """Finish a request without recording anything (e.g. cancelled by the client)."""
