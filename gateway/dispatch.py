@@ -208,21 +208,48 @@ class Dispatcher:
 
     @staticmethod
     def passthrough_error(f: UpstreamFailure, ctx: Context) -> Response:
+        """The provider's 4xx for the client: its own body when OpenAI-shaped, else a generic one.
+
+        A context overflow the token estimate missed (the provider counts with its own tokenizer)
+        is rewritten to OpenAI's `context_length_exceeded`, whatever shape the provider used
+        (llama.cpp: type `exceed_context_size_error` with `n_ctx`; vLLM: a message naming the
+        maximum context length), so clients can handle it the same way everywhere.
+        """
         headers = {**f.headers, **ctx.headers()}
         headers.pop("content-type", None)
         body = f.body
         try:
             parsed: Any = orjson.loads(body)
-            ok = isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
         except orjson.JSONDecodeError:
-            ok = False
+            parsed = None
+        err = parsed.get("error", parsed) if isinstance(parsed, dict) else None
+        ok = isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
+        status = f.status or 400
+        if isinstance(err, dict):
+            said = " ".join(str(err.get(k) or "") for k in ("type", "code", "message")).lower()
+            if "exceed_context_size" in said or re.search(r"context[ _](length|size|window)", said):
+                limit = err.get("n_ctx")
+                if not isinstance(limit, int):
+                    m = re.search(r"context[ _](?:length|size|window)\D{0,24}(\d+)", said)
+                    limit = int(m.group(1)) if m else None
+                n = err.get("n_prompt_tokens")
+                message = (
+                    f"This model's maximum context length is {limit} tokens."
+                    if limit
+                    else "The request exceeds this model's maximum context length."
+                )
+                if isinstance(n, int):
+                    message += f" However, your messages resulted in {n} tokens."
+                message += " Please reduce the length of the messages or completion."
+                body = GatewayError(
+                    400, message, param="messages", code="context_length_exceeded"
+                ).to_bytes()
+                ok, status = True, 400
         if not ok:
             body = GatewayError(
-                f.status or 400, "The provider rejected the request.", code="upstream_rejected"
+                status, "The provider rejected the request.", code="upstream_rejected"
             ).to_bytes()
-        return Response(
-            body, status_code=f.status or 400, headers=headers, media_type="application/json"
-        )
+        return Response(body, status_code=status, headers=headers, media_type="application/json")
 
     @staticmethod
     def exhausted(last: UpstreamFailure | None, candidates: Candidates) -> Exhausted:

