@@ -219,9 +219,11 @@ class UpstreamClient:
         start = time.monotonic()
         deadline = start + timeouts.total_s
         req = self._request(path, body, headers)
+        # The first chunk is bounded by first_byte_s (below) and later gaps by idle_s (in
+        # UpstreamStream.chunks); the socket read limit must not cut either of them short.
         req.extensions["timeout"] = httpx.Timeout(
             connect=timeouts.connect_s,
-            read=timeouts.idle_s,
+            read=max(timeouts.idle_s, timeouts.first_byte_s),
             write=timeouts.connect_s,
             pool=timeouts.total_s,
         ).as_dict()
