@@ -50,12 +50,36 @@ class Candidates:
         return self
 
     async def __anext__(self) -> ProviderState:
-        member = self._pick_now()
+        member = self._pick_now() or self._early_probe()
         if member is not None:
             return member
         if not self._full_members_left():
             raise StopAsyncIteration
         return await self._queue()
+
+    def _early_probe(self) -> ProviderState | None:
+        """Nothing else can serve: test the open member closest to the end of its cool-down."""
+        if self.ctx.attempts:
+            return None  # only a request that has not failed anywhere yet
+        best: tuple[float, ProviderState, str] | None = None
+        for pool in self.chain:
+            for name in self.snap.policy.pools[pool].members:
+                p = self.snap.providers[name]
+                wait = p.breaker.blocked_for_s()
+                if name in self.tried or p.drained or wait is None or not p.member.has_capacity():
+                    continue
+                if best is None or wait < best[0]:
+                    best = (wait, p, pool)
+        if best is None or not best[1].breaker.early_probe():
+            return None
+        _, member, pool = best
+        self.tried.add(member.name)
+        self.per_pool[pool] = self.per_pool.get(pool, 0) + 1
+        self.ctx.pool, self.ctx.provider = pool, member.name
+        self.ctx.attempts += 1
+        if self.ctx.trace is not None:
+            self.ctx.trace.attempt(pool, member, self.ctx.attempts)
+        return member
 
     def _pick_now(self) -> ProviderState | None:
         pools = self.snap.policy.pools

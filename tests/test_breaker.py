@@ -210,3 +210,38 @@ def test_settings_validation() -> None:
         BreakerSettings(cooldown_s=10, max_cooldown_s=5)
     with pytest.raises(ValueError):
         BreakerSettings(unknown=1)  # type: ignore[call-arg]
+
+
+def test_early_probe_once_per_interval_while_open() -> None:
+    b, clock, _ = make()
+    trip(b)
+    assert not b.early_probe()  # not right after the trip
+    clock.advance(1.0)
+    assert b.early_probe()  # one probe before the cool-down ends...
+    assert not b.early_probe()  # ...and only one at a time
+    b.record_success()
+    assert b.state is BreakerState.CLOSED
+
+
+def test_early_probe_failure_reopens_and_waits_again() -> None:
+    b, clock, _ = make()
+    trip(b)
+    clock.advance(1.0)
+    assert b.early_probe()
+    b.record_failure()
+    assert b.state is BreakerState.OPEN
+    assert not b.early_probe()
+    clock.advance(1.0)
+    assert b.early_probe()
+
+
+def test_no_early_probe_during_retry_after_or_when_forced() -> None:
+    b, clock, _ = make()
+    trip(b)
+    b.cool_down(30)
+    clock.advance(2.0)
+    assert not b.early_probe()
+    b2, clock2, _ = make()
+    b2.force(BreakerState.OPEN)
+    clock2.advance(5.0)
+    assert not b2.early_probe()

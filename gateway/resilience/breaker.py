@@ -111,6 +111,7 @@ class CircuitBreaker:
         self._consecutive = 0
         self._trips = 0  # trips since the last close: drives the doubling cool-down
         self._probes = 0  # probes in flight while half-open
+        self._last_early_probe = 0.0  # last trip or early probe (see early_probe)
 
     def on_transition(self, callback: Listener) -> None:
         """Call ``callback(event)`` on every transition of this breaker only."""
@@ -152,6 +153,26 @@ class CircuitBreaker:
         if self._state is BreakerState.CLOSED:
             return False
         return self.state is BreakerState.HALF_OPEN and self.allow()
+
+    def early_probe(self, min_interval_s: float = 1.0) -> bool:
+        """Admit one probe before the open period ends, at most once per `min_interval_s`.
+
+        For when every member a request could use is open: rather than answer degraded for the
+        rest of a (possibly doubled) cool-down after providers came back, one request at a time
+        tests the member. Never during a Retry-After cool-down or a breaker held open by hand.
+        Like :meth:`acquire`, a True must be followed by one outcome call.
+        """
+        now = self._clock()
+        if (
+            self._state is not BreakerState.OPEN
+            or math.isinf(self._open_until)
+            or now < self._cooldown_until
+            or now - self._last_early_probe < min_interval_s
+        ):
+            return False
+        self._last_early_probe = now
+        self._open_until = now
+        return self.acquire()
 
     def blocked_for_s(self) -> float | None:
         """Seconds until this breaker admits requests again; None when it admits now or when it
@@ -294,6 +315,7 @@ class CircuitBreaker:
         old = self._state
         self._state, self._open_until = BreakerState.OPEN, now + cooldown
         self._probes = self._consecutive = 0
+        self._last_early_probe = now
         self._emit(old, BreakerState.OPEN, reason, self._open_until, cooldown, "local")
 
     def _close(self, reason: str, source: Source) -> None:
