@@ -8,6 +8,7 @@ tokens exist; the server decides what they say.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 
@@ -99,7 +100,9 @@ class Engine:
             if fut.done() and not fut.cancelled():
                 self.release()  # the slot was handed over just as we were cancelled
             else:
-                self._waiters.remove(fut)
+                # release() may already have dropped this cancelled waiter from the queue.
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(fut)
             raise
 
     def release(self) -> None:
