@@ -12,6 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gateway.cli import app as cli_app
+from gateway.policy.loader import parse_policy
+from gateway.router import Router
+from gateway.runtime import Runtime
 from tests.support import GatewayServer
 
 KEY_A, KEY_BATCH = "key-team-a", "key-batch-team"
@@ -247,3 +250,21 @@ def test_explain_command_offline(tmp_path, urls) -> None:
     unknown.write_text(json.dumps(body("hi", model="nope")))
     res = runner.invoke(cli_app, ["explain", "--policy", str(policy), str(unknown)])
     assert res.exit_code == 1 and "nope" in res.output
+
+
+async def test_preview_changes_no_routing_state(urls) -> None:
+    text = classes_policy(urls).replace(
+        "members: [b], balancer: {strategy: round_robin}",
+        "members: [a, b, c], balancer: {strategy: round_robin}",
+    )
+    runtime = Runtime(parse_policy(text))
+    try:
+        snap, router = runtime.snapshot, Router()
+        previews = {router.preview(snap, ["priority"], None).provider.name for _ in range(5)}
+        assert previews == {"a"}  # a dry run does not turn the rotation
+        assert all(p.member.inflight == 0 for p in snap.providers.values())
+        picked = [router.pick(snap, "priority", ()).name for _ in range(3)]
+        assert picked == ["a", "b", "c"]
+        assert router.preview(snap, ["priority"], None).provider.name == "a"
+    finally:
+        await runtime.aclose()
