@@ -30,6 +30,7 @@ from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
 from gateway.recent import RecentRequests
 from gateway.resilience.shared import SharedBreakers
+from gateway.routing.explain import explain_http
 from gateway.runtime import Runtime
 from gateway.state import SharedState
 from gateway.telemetry import Tracing
@@ -164,6 +165,11 @@ def create_app(
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
         return await pipeline.handle(request, "embeddings")
+
+    @app.post("/v1/gateway/explain")
+    async def explain(request: Request) -> Response:
+        """The routing decision for a request body, without sending it anywhere."""
+        return _json(await explain_http(request, runtime.snapshot, pipeline.dispatcher.router))
 
     def _model_entry(name: str) -> dict[str, object]:
         snap = runtime.snapshot

@@ -1,4 +1,4 @@
-"""Command line: `gateway serve`, `gateway policy check FILE`."""
+"""Command line: `gateway serve`, `gateway policy check FILE`, `gateway explain --policy FILE BODY`."""
 
 from __future__ import annotations
 
@@ -115,6 +115,42 @@ def policy_check(file: Annotated[Path, typer.Argument(help="Policy YAML file.")]
     typer.echo(
         f"{file}: ok ({len(p.providers)} providers, {len(p.pools)} pools, {len(p.models)} models)"
     )
+
+
+@app.command()
+def explain(
+    body: Annotated[Path, typer.Argument(help="Request body (JSON file), '-' for stdin.")],
+    policy: Annotated[Path, typer.Option(envvar="GATEWAY_POLICY", help="Policy file.")],
+    tenant: Annotated[str, typer.Option(help="Tenant the request comes from.")] = "default",
+    priority: Annotated[
+        str | None, typer.Option(help="Value of the x-gateway-priority header.")
+    ] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="chat | completions | embeddings (default: from the body).")
+    ] = None,
+) -> None:
+    """Show the routing decision for a request body, offline: tokens, class, alias, pools,
+    prefix key, cacheability. Nothing is sent; no live state (use POST /v1/gateway/explain)."""
+    import orjson
+
+    from gateway.errors import GatewayError, model_not_found
+    from gateway.routing.explain import accept_any, explain_offline
+
+    try:
+        p = load_policy(policy)
+    except PolicyError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    raw = sys.stdin.buffer.read() if str(body) == "-" else body.read_bytes()
+    try:
+        acc = accept_any(raw, endpoint)
+        if acc.model not in p.models:
+            raise model_not_found(acc.model)
+        out = explain_offline(p, acc, tenant, priority)
+    except GatewayError as e:
+        typer.echo(e.to_bytes().decode(), err=True)
+        raise typer.Exit(1) from None
+    typer.echo(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
 
 
 def main() -> None:

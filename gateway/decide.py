@@ -65,9 +65,13 @@ def decide(policy: Policy, acc: Accepted, tenant: str, priority: str | None) -> 
     request_class = classify(features, policy.classes, policy.default_class)
     chain = pool_chain(policy, alias, request_class)
     key = None
-    affinity = policy.pools[chain[0]].affinity
-    if affinity.enabled and acc.endpoint != "embeddings":
-        key = prefix_key(acc.body, affinity)
+    if acc.endpoint != "embeddings":
+        # The first pool of the chain that keeps prefixes together sets how the key is cut.
+        for pool in chain:
+            affinity = policy.pools[pool].affinity
+            if affinity.enabled:
+                key = prefix_key(acc.body, affinity)
+                break
     return Decision(
         name,
         alias,

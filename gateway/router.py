@@ -7,7 +7,9 @@ already tried, without capacity, or refused by `available` (breakers) are skippe
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 from gateway.policy.schema import Alias, Policy
 from gateway.routing.affinity import pick_affine
@@ -30,6 +32,15 @@ def pool_chain(policy: Policy, alias: Alias, request_class: str) -> list[str]:
     return chain
 
 
+@dataclass(slots=True, frozen=True)
+class Pick:
+    """A routing choice: the pool, its member, and what chose it ("affinity" or "balancer")."""
+
+    pool: str
+    provider: ProviderState
+    via: str
+
+
 def _available(p: ProviderState) -> bool:
     return p.available()
 
@@ -47,6 +58,26 @@ class Router:
         tried: Collection[str],
         prefix_key: bytes | None = None,
     ) -> ProviderState | None:
+        chosen = self._choose(snap, pool_name, tried, prefix_key, dry_run=False)
+        return None if chosen is None else chosen.provider
+
+    def preview(self, snap: Snapshot, chain: list[str], prefix_key: bytes | None) -> Pick | None:
+        """The member a request would get now, without changing anything (no begin(), and
+        rotating balancers pick on a copy of their state)."""
+        for pool_name in chain:
+            chosen = self._choose(snap, pool_name, (), prefix_key, dry_run=True)
+            if chosen is not None:
+                return chosen
+        return None
+
+    def _choose(
+        self,
+        snap: Snapshot,
+        pool_name: str,
+        tried: Collection[str],
+        prefix_key: bytes | None,
+        dry_run: bool,
+    ) -> Pick | None:
         pool = snap.pools[pool_name]
         by_member = snap.by_member
         available = self.available
@@ -54,9 +85,10 @@ class Router:
         def eligible(m: Member) -> bool:
             return m.name not in tried and available(by_member[id(m)])
 
-        chosen = None
         if prefix_key is not None and pool.config.affinity.enabled:
             chosen = pick_affine(prefix_key, pool.members, eligible, pool.config.affinity)
-        if chosen is None:
-            chosen = pool.balancer.pick(pool.members, eligible)
-        return None if chosen is None else by_member[id(chosen)]
+            if chosen is not None:
+                return Pick(pool_name, by_member[id(chosen)], "affinity")
+        balancer = copy.deepcopy(pool.balancer) if dry_run else pool.balancer
+        chosen = balancer.pick(pool.members, eligible)
+        return None if chosen is None else Pick(pool_name, by_member[id(chosen)], "balancer")

@@ -10,9 +10,9 @@ conversation gets the same key and stays on the member that holds its cache.
 Members are ranked by rendezvous (highest random weight) hashing: removing a
 member moves only the keys it owned. Bounded load (consistent hashing with
 bounded loads, Mirrokni et al.) keeps one hot prefix from melting a member:
-a member may take the request only while its in-flight count is at most
-`ceil((1 + epsilon) * (total_in_flight + 1) / n)`, i.e. its load after
-placement stays within `(1 + epsilon)` x the mean plus one; otherwise the
+a member may take the request only while its in-flight count after placement
+stays within `cap = ceil((1 + epsilon) * (total_in_flight + 1) / n)`, i.e.
+within `(1 + epsilon)` x the mean load (rounded up, and never below 2); otherwise the
 next member in the key's rendezvous order is tried (always the same one for
 a given key, so the spill-over member warms the same prefix).
 """
@@ -175,10 +175,12 @@ def pick_affine(
     if not pool:
         return None
     total = sum(m.inflight for m in pool)
-    limit = math.ceil((1.0 + s.epsilon) * (total + 1) / len(pool))
+    # Below two in flight there is nothing to balance: a member busy with one request keeps its
+    # prefixes (else at low load every second request of a prefix would go elsewhere).
+    cap = max(2, math.ceil((1.0 + s.epsilon) * (total + 1) / len(pool)))
     ranked = affinity_order(key, pool)
     for m in ranked:
-        if m.inflight <= limit:
+        if m.inflight < cap:  # its load after placement stays within the cap
             return m
     return min(ranked, key=lambda m: m.inflight)  # unreachable: the least loaded fits
 

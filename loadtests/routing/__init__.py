@@ -1,0 +1,1 @@
+"""Routing benchmarks: simulated fleets, gateway policies and the harness that drives them."""
