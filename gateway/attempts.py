@@ -159,12 +159,11 @@ def settle_success(member: ProviderState, latency_s: float, admission: Admission
     admission.released()
 
 
-# Failures that took long: the latency estimate must learn that this member is slow now.
-# Fast failures (refused connections, 5xx, 429, broken streams) make the member look several times
-# slower than its estimate (so fast errors never look fast), but without the absolute penalty
-# floor: that would hide the member after a single error, so the breaker would never see the
-# failures it needs to trip (and share with the other replicas), and a recovered member would stay
-# shunned until the penalty decayed.
+# Failures that took long: the latency estimate must learn that this member is slow now. Fast
+# failures (refused connections, 5xx, 429, broken streams) lower the member's success share
+# instead (Member.fail_fast): a latency penalty would hide the member after a single error, so its
+# breaker would never see the failures it needs to trip (and share with the other replicas), and
+# a recovered member would stay shunned until the penalty decayed.
 _SLOW_FAILURES = frozenset(
     {
         FailureKind.CONNECT_TIMEOUT,
@@ -188,7 +187,10 @@ def settle_failure(
         member.breaker.release()
         admission.released()
         return
-    routing.end(elapsed_s, ok=False, error_kind=f.kind, floor=kind in _SLOW_FAILURES)
+    if kind in _SLOW_FAILURES:
+        routing.end(elapsed_s, ok=False, error_kind=f.kind)
+    else:
+        routing.fail_fast(f.kind)
     member.breaker.record_failure(kind)
     if kind is FailureKind.RATE_LIMITED:
         member.breaker.cool_down(f.retry_after if f.retry_after is not None else 1.0)

@@ -223,3 +223,26 @@ def test_make_balancer_from_name_or_settings() -> None:
     assert isinstance(make_balancer("least_busy"), LeastBusy)
     with pytest.raises(ValueError):
         make_balancer("random")  # type: ignore[arg-type]
+
+
+def test_fast_failures_lower_the_success_share_not_the_latency() -> None:
+    """A member failing fast costs more than an equally fast healthy one, but stays in play."""
+    healthy = Member("healthy", clock=lambda: 1000.0)
+    flaky = Member("flaky", clock=lambda: 1000.0)
+    for m in (healthy, flaky):
+        for _ in range(5):
+            m.begin()
+            m.end(0.05)
+    for _ in range(3):
+        flaky.begin()
+        flaky.fail_fast("upstream_5xx")
+    assert flaky.ewma.estimate() == healthy.ewma.estimate()
+    assert 1.2 < flaky.cost() / healthy.cost() < 2.0
+    for _ in range(50):
+        flaky.begin()
+        flaky.fail_fast("connect_error")
+    assert flaky.cost() / healthy.cost() == pytest.approx(20.0, rel=0.05)
+    for _ in range(30):
+        flaky.begin()
+        flaky.end(0.05)
+    assert flaky.cost() / healthy.cost() < 1.1

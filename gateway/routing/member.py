@@ -17,6 +17,11 @@ from gateway.routing.peak_ewma import Clock, PeakEwma
 
 SignalKind = Literal["ttft", "per_token", "total"]
 
+# Weight of the newest outcome in the moving failure share (about the last 10 outcomes count).
+ERROR_ALPHA = 0.1
+# A member failing everything costs at most 20x its latency-based cost (the breaker handles more).
+MIN_SUCCESS_SHARE = 0.05
+
 
 def latency_signal(
     kind: SignalKind,
@@ -47,6 +52,7 @@ class Member:
 
     __slots__ = (
         "_clock",
+        "error_rate",
         "ewma",
         "failures",
         "inflight",
@@ -76,6 +82,7 @@ class Member:
         self.ewma = ewma if ewma is not None else PeakEwma(clock=clock)
         self.inflight = 0
         self.failures = 0
+        self.error_rate = 0.0  # moving share of recent outcomes that failed
         self.last_error_at: float | None = None
         self.last_error_kind: str | None = None
 
@@ -87,19 +94,23 @@ class Member:
         return self.max_inflight is None or self.inflight < self.max_inflight
 
     def cost(self, now: float | None = None) -> float:
-        """PeakEWMA cost x (in-flight + 1), divided by weight (weight 0 = never)."""
+        """PeakEWMA cost x (in-flight + 1), divided by weight (weight 0 = never) and by the
+        recent success share, so a member that fails fast never looks fast."""
         if self.weight <= 0:
             return float("inf")
-        return self.ewma.cost(self.inflight, now) / self.weight
+        base = self.ewma.cost(self.inflight, now)
+        if self.error_rate and not self.ewma.has_history:
+            # Never answered, only failed: as unknown as a member being probed, not free.
+            base = max(base, self.ewma.penalty_s)
+        success = max(MIN_SUCCESS_SHARE, 1.0 - self.error_rate)
+        return base / (self.weight * success)
 
     def begin(self) -> float:
         """Count a request as in flight; returns its start time on the member's clock."""
         self.inflight += 1
         return self._clock()
 
-    def end(
-        self, latency_s: float, ok: bool = True, error_kind: str | None = None, floor: bool = True
-    ) -> None:
+    def end(self, latency_s: float, ok: bool = True, error_kind: str | None = None) -> None:
         """Finish a request begun with `begin()` and record its outcome.
 
         `latency_s` is the signal chosen by the caller (see `latency_signal`).
@@ -109,12 +120,29 @@ class Member:
             self.inflight -= 1
         now = self._clock()
         if ok:
+            self.error_rate *= 1.0 - ERROR_ALPHA
             self.ewma.observe(latency_s, now)
             return
+        self._failed(now, error_kind)
+        self.ewma.observe_failure(latency_s, now)
+
+    def fail_fast(self, error_kind: str | None = None) -> None:
+        """Finish a request that failed at once (refused, 5xx, 429, broken stream).
+
+        Its time says nothing about the member's speed, so the latency estimate is left alone;
+        the failure lowers the member's success share instead (see `cost`). A dead member thus
+        loses traffic gradually and keeps getting enough of it for its breaker to trip quickly
+        (and tell the other replicas), and a recovered one is not shunned for minutes.
+        """
+        if self.inflight > 0:
+            self.inflight -= 1
+        self._failed(self._clock(), error_kind)
+
+    def _failed(self, now: float, error_kind: str | None) -> None:
         self.failures += 1
+        self.error_rate = self.error_rate * (1.0 - ERROR_ALPHA) + ERROR_ALPHA
         self.last_error_at = now
         self.last_error_kind = error_kind or "error"
-        self.ewma.observe_failure(latency_s, now, floor=floor)
 
     def release(self) -> None:
         """Finish a request without recording anything (e.g. cancelled by the client)."""

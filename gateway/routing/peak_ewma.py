@@ -86,17 +86,12 @@ class PeakEwma:
         self._stamp = now
         self.observations += 1
 
-    def observe_failure(
-        self, latency_s: float = 0.0, now: float | None = None, floor: bool = True
-    ) -> None:
-        """Fold a failure in as a high latency: `failure_multiplier` x the estimate, and never
-        lower than the penalty floor unless `floor` is False and the member has a history (a fast
-        failure then makes a member look several times slower, not shunned for minutes)."""
+    def observe_failure(self, latency_s: float = 0.0, now: float | None = None) -> None:
+        """Fold a failure in as a high latency (never lower than the penalty floor)."""
         if now is None:
             now = self._clock()
         current = self.estimate(now)
-        lowest = self.failure_penalty_s if floor or not self.has_history else 0.0
-        self.observe(max(latency_s, current * self.failure_multiplier, lowest), now)
+        self.observe(max(latency_s, current * self.failure_multiplier, self.failure_penalty_s), now)
 
     def cost(self, in_flight: int, now: float | None = None) -> float:
         """Load-weighted cost for power-of-two-choices: estimate x (in_flight + 1)."""
