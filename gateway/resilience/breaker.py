@@ -58,6 +58,12 @@ class BreakerSettings(BaseModel):
     cooldown_s: float = Field(default=5.0, gt=0, description="Open time after the first trip.")
     max_cooldown_s: float = Field(default=60.0, gt=0, description="Cap of the doubling open time.")
     half_open_probes: int = Field(default=1, ge=1, description="Concurrent probes when half-open.")
+    early_probe_interval_s: float = Field(
+        default=0.5,
+        gt=0,
+        description="While every member a request could use is open, one request per interval "
+        "probes the member whose cool-down ends soonest (recovery is noticed within about this).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> BreakerSettings:
@@ -154,8 +160,9 @@ class CircuitBreaker:
             return False
         return self.state is BreakerState.HALF_OPEN and self.allow()
 
-    def early_probe(self, min_interval_s: float = 1.0) -> bool:
-        """Admit one probe before the open period ends, at most once per `min_interval_s`.
+    def early_probe(self, min_interval_s: float | None = None) -> bool:
+        """Admit one probe before the open period ends, at most once per interval
+        (`early_probe_interval_s` unless given).
 
         For when every member a request could use is open: rather than answer degraded for the
         rest of a (possibly doubled) cool-down after providers came back, one request at a time
@@ -163,6 +170,8 @@ class CircuitBreaker:
         Like :meth:`acquire`, a True must be followed by one outcome call.
         """
         now = self._clock()
+        if min_interval_s is None:
+            min_interval_s = self.settings.early_probe_interval_s
         if (
             self._state is not BreakerState.OPEN
             or math.isinf(self._open_until)
