@@ -254,6 +254,18 @@ class GatewayCollector(Collector):
             "Requests waiting in the deferred (replay) queue.",
             value=self.deferred_length,
         )
+        semantic = self.pipeline.semantic
+        lookups = CounterMetricFamily(
+            "gateway_semantic_lookups",
+            "Semantic cache lookups by outcome; a rejection names the guard that refused the "
+            "most similar candidate.",
+            labels=["outcome", "guard"],
+        )
+        lookups.add_metric(["hit", ""], semantic.hits)
+        lookups.add_metric(["miss", ""], semantic.misses)
+        for guard, n in semantic.rejected.items():
+            lookups.add_metric(["rejected", guard], n)
+        yield lookups
 
     def _policy(self) -> Iterator[Metric]:
         r = self.reloader

@@ -104,8 +104,10 @@ class SemanticLayer:
             self.hits += 1
             return found.hit.response, found.hit.similarity
         if found.outcome == "rejected":
-            self.rejected[found.reason or "?"] = self.rejected.get(found.reason or "?", 0) + 1
-        self.misses += 1
+            reason = found.reason or "unknown"
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        else:
+            self.misses += 1
         return None
 
     def store(self, plan: SemanticPlan, body: bytes) -> None:
