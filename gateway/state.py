@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 log = logging.getLogger("gateway.state")
@@ -76,7 +77,12 @@ class SharedState:
         if self.redis is None or time.monotonic() < self._down_until:
             return default
         try:
-            result = await fn(self.redis)
+            try:
+                result = await fn(self.redis)
+            except RedisConnectionError:
+                # A pooled connection Redis dropped (e.g. after a restart) fails once: retry on a
+                # fresh one before calling Redis down.
+                result = await fn(self.redis)
         except (RedisError, OSError, TimeoutError) as e:
             self.mark_down(e)
             return default
