@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
 from fastapi import FastAPI
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway import errors
@@ -53,9 +55,49 @@ class FastRoutes:
                 except Exception as exc:
                     log.exception("unexpected error", exc_info=exc)
                     response = errors.internal_error().to_response()
-                await response(scope, receive, send)
+                if isinstance(response, StreamingResponse) and response.background is None:
+                    await send_stream(response, receive, send)
+                else:
+                    await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def send_stream(response: StreamingResponse, receive: Receive, send: Send) -> None:
+    """Send a streaming response from this task; stop it when the client goes away.
+
+    What Starlette does with an anyio task group (two tasks and cancel scopes per stream), done
+    with one listener task: when the client disconnects mid-stream, this task is cancelled at its
+    current await (closing the upstream stream), and the cancellation ends here.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    state = {"running": True, "gone": False}
+
+    def on_message(listener: asyncio.Task[bool]) -> None:
+        if state["running"] and not listener.cancelled() and listener.exception() is None:
+            state["gone"] = True
+            task.cancel()
+
+    listener = asyncio.ensure_future(_disconnected(receive))
+    listener.add_done_callback(on_message)
+    try:
+        await response.stream_response(send)
+    except asyncio.CancelledError:
+        if not state["gone"]:
+            raise
+        task.uncancel()
+    finally:
+        state["running"] = False
+        listener.remove_done_callback(on_message)
+        listener.cancel()
+
+
+async def _disconnected(receive: Receive) -> bool:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return True
 
 
 def build_app() -> FastRoutes:
