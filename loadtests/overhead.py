@@ -38,6 +38,7 @@ from loadtests.simulator.testing import Fleet, spawn_fleet
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = Path(__file__).with_name("overhead.yaml")
 MODEL = "default"
+BENCH_KEY = f"sk-overhead-{uuid.uuid4().hex}"
 
 
 def free_port() -> int:
@@ -162,16 +163,30 @@ def litellm_peer(venv: Path, fleet: Fleet) -> Iterator[tuple[str, int] | None]:
             "      api_key: unused\n"
             "litellm_settings:\n  telemetry: false\n  drop_params: true\n"
         )
-        env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False"}
+        env = {
+            **os.environ,
+            "LITELLM_LOG": "ERROR",
+            "LITELLM_TELEMETRY": "False",
+            "LITELLM_MASTER_KEY": BENCH_KEY,  # the gateway and the simulator ignore the key
+        }
         cmd = [str(exe), "--config", str(cfg), "--port", str(port), "--num_workers", "1"]
-        with process(cmd, env, f"http://127.0.0.1:{port}/health/liveliness") as proc:
+        try:
+            ctx = process(cmd, env, f"http://127.0.0.1:{port}/health/liveliness")
+            proc = ctx.__enter__()
+        except RuntimeError as e:
+            print(f"peer: LiteLLM did not start ({e}); running without a peer", file=sys.stderr)
+            yield None
+            return
+        try:
             yield f"http://127.0.0.1:{port}/v1", proc.pid
+        finally:
+            ctx.__exit__(None, None, None)
 
 
 def bench(args: list[str], out: Path, timeout_s: float) -> dict[str, Any]:
     """One `python -m loadtests.bench` run; returns its result.json."""
     cmd = [sys.executable, "-m", "loadtests.bench", *args, "--quiet", "--out", str(out)]
-    cmd += ["--model", MODEL, "--no-plots"]
+    cmd += ["--model", MODEL, "--no-plots", "--api-key", BENCH_KEY]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, env=env, cwd=ROOT, check=True, timeout=timeout_s)
@@ -222,21 +237,25 @@ def run(a: argparse.Namespace) -> None:
         sim_pid = ["--pid", f"simulator={fleet.pid}"] if fleet.pid else []
         for workers in a.workers:
             with gateway(fleet, workers, a.redis_url) as (url, pids):
-                peer_ctx = (
-                    litellm_peer(a.peer_venv, fleet)
-                    if a.peer_venv and workers == 1
-                    else contextlib.nullcontext(None)
-                )
-                with peer_ctx as peer:
-                    for mode in a.modes:
-                        args = ["overhead", "--direct", direct, "--gateway", url]
-                        args += [*pid_args(pids), *sim_pid, *overhead_args(a, mode == "stream")]
+                for mode in a.modes:
+                    args = ["overhead", "--direct", direct, "--gateway", url]
+                    args += [*pid_args(pids), *sim_pid, *overhead_args(a, mode == "stream")]
+                    if a.wrk:
+                        args.append("--wrk")
+                    name = f"w{workers}-{mode}"
+                    results[name] = bench(args, out / name, budget)
+                if workers == 1 and a.peer_venv:
+                    # Its own run: a peer that falls behind keeps working through its backlog
+                    # and would slow the gateway's phases if they were interleaved with it.
+                    with litellm_peer(a.peer_venv, fleet) as peer:
                         if peer is not None:
+                            args = ["overhead", "--direct", direct, "--gateway", url]
                             args += ["--peer", peer[0], "--pid", f"peer={peer[1]}"]
-                        if a.wrk:
-                            args.append("--wrk")
-                        name = f"w{workers}-{mode}"
-                        results[name] = bench(args, out / name, budget)
+                            args += [*pid_args(pids), *sim_pid, "--rounds", "2"]
+                            args += ["--one-client-requests", "100", "--rates", a.peer_rates]
+                            args += ["--rate-seconds", "4", "--concurrency", "1,4,16"]
+                            args += ["--step-seconds", "3", "--no-stream"]
+                            results["w1-unary-peer"] = bench(args, out / "w1-unary-peer", budget)
                 if workers == 1 and a.soak_seconds > 0 and "w1-unary" in results:
                     rate = max(10.0, 0.5 * max_rps(results["w1-unary"], "gateway"))
                     soak = ["soak", "--url", url, "--rate", f"{rate:.0f}"]
@@ -305,10 +324,9 @@ def _proc_lines(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         if not r["phase"].startswith("c=") or r["target"] not in ("gateway", "peer"):
             continue
-        proc = r["process"]
-        if not (proc.startswith("gateway") or proc == "peer"):
+        proc, side = r["process"], r["target"]
+        if not proc.startswith("gateway" if side == "gateway" else "peer"):
             continue
-        side = r["target"]
         per = float(r["cpu_ms_per_request"])
         if math.isnan(per) or per <= 0:
             continue
@@ -340,6 +358,7 @@ def main() -> None:
     p.add_argument("--soak-seconds", type=int, default=0, help="Soak at 50%% of max; 0 = none.")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--peer-venv", type=Path, default=None, help="Virtualenv with litellm[proxy].")
+    p.add_argument("--peer-rates", default="50", help="Open-loop rates of the peer run.")
     a = p.parse_args()
     if a.wrk and shutil.which("wrk") is None:
         raise SystemExit("--wrk given but wrk is not installed (apt-get install -y wrk)")

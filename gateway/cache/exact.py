@@ -79,12 +79,29 @@ class MemoryLRU:
     async def set(self, key: str, value: bytes, ttl_s: int) -> None:
         if len(value) > self.max_bytes:
             return
+        now = time.monotonic()
+        self._expire(now)
         if key in self._d:
             self._drop(key)
-        self._d[key] = (time.monotonic() + ttl_s, value)
+        self._d[key] = (now + ttl_s, value)
         self.bytes += len(value) + len(key)
         while self.bytes > self.max_bytes and self._d:
             self._drop(next(iter(self._d)))
+
+    def _expire(self, now: float, limit: int = 8) -> None:
+        """Drop a few expired entries from the least recently used end.
+
+        Entries nobody reads again never meet `get`'s expiry check; without this, memory would
+        grow to `max_bytes` under unique traffic instead of staying at what the TTLs allow.
+        """
+        d = self._d
+        for _ in range(limit):
+            if not d:
+                return
+            key = next(iter(d))
+            if d[key][0] >= now:
+                return
+            self._drop(key)
 
     def _drop(self, key: str) -> None:
         _, v = self._d.pop(key)

@@ -1,0 +1,22 @@
+"""Memory of the in-process exact cache under unique traffic (what a gateway worker holds)."""
+
+from __future__ import annotations
+
+from gateway.cache.exact import MemoryLRU
+
+
+async def test_expired_entries_are_dropped_without_being_read() -> None:
+    lru = MemoryLRU()
+    for i in range(200):
+        await lru.set(f"k{i}", b"x" * 100, ttl_s=-1)  # already expired
+    # Each store drops a few expired entries from the old end: memory stays flat.
+    assert len(lru) < 20
+    assert lru.bytes < 20 * 110
+
+
+async def test_live_entries_stay() -> None:
+    lru = MemoryLRU()
+    for i in range(50):
+        await lru.set(f"k{i}", b"x", ttl_s=60)
+    assert len(lru) == 50
+    assert await lru.get("k0") == b"x"
