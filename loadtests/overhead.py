@@ -312,7 +312,23 @@ def summarize(results: dict[str, dict[str, Any]]) -> str:
         lines += [""] + [f"- {n}" for n in res.get("notes", [])] + [""]
     soak = results.get("w1-soak")
     if soak:
-        lines += ["## soak (1 worker)", ""] + [f"- {n}" for n in soak.get("notes", [])] + [""]
+        cfg = soak.get("config", {})
+        lines += [
+            f"## soak (1 worker, {_f(cfg.get('rate'), 0)} req/s for {cfg.get('duration_s')} s)",
+            "",
+            "| metric | first window | last window | ratio |",
+            "|---|---|---|---|",
+        ]
+        for row in soak["tables"].get("drift", []):
+            lines.append(
+                f"| {row['metric']} | {_f(row['first'])} | {_f(row['last'])} | {_f(row['ratio'])} |"
+            )
+        for row in soak["tables"].get("overall", []):
+            lines.append(
+                f"| overall p50 / p99 ms | {_f(row.get('lat_p50_ms'))} | "
+                f"{_f(row.get('lat_p99_ms'))} | errors {row.get('errors')} |"
+            )
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 

@@ -98,25 +98,30 @@ def test_errors_keep_their_shape(served, sims: Fleet) -> None:
 def test_client_disconnect_mid_stream_releases_the_member(served, sims: Fleet) -> None:
     gw = served(policy(sims.url("slow")))
     member = gw.app.state.runtime.snapshot.providers["a"].member
-    with httpx.stream(
-        "POST",
-        gw.base_url + "/chat/completions",
-        json={
-            "model": "chat",
-            "messages": [{"role": "user", "content": "tell me a long story"}],
-            "max_tokens": 200,
-            "stream": True,
-        },
-        timeout=10,
-    ) as r:
-        assert r.status_code == 200
-        next(r.iter_raw())
-        assert member.inflight == 1
-    # 200 tokens at 10/s would take 20 s: the gateway must stop as soon as the client left.
-    deadline = time.monotonic() + 5
-    while member.inflight and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert member.inflight == 0
+    sims.set_faults("slow", slow_decode=1000.0)  # after the first chunk, ~100 s per token
+    try:
+        with httpx.stream(
+            "POST",
+            gw.base_url + "/chat/completions",
+            json={
+                "model": "chat",
+                "messages": [{"role": "user", "content": "tell me a long story"}],
+                "max_tokens": 50,
+                "stream": True,
+            },
+            timeout=10,
+        ) as r:
+            assert r.status_code == 200
+            chunks = r.iter_raw()  # held: a dropped iterator would close the connection here
+            assert next(chunks).startswith(b"data: ")
+            assert member.inflight == 1
+        # The gateway must stop as soon as the client left (not at the 30 s idle timeout).
+        deadline = time.monotonic() + 5
+        while member.inflight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert member.inflight == 0
+    finally:
+        sims.set_faults("slow")
     # The gateway keeps serving afterwards.
     r = httpx.post(
         gw.base_url + "/chat/completions",
