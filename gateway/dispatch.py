@@ -353,6 +353,7 @@ class StreamRelay:
         try:
             chunks = _prepend(stream.first, stream.chunks())
             async for chunk in chunks:
+                out: list[bytes] = []
                 for ev in splitter.feed(chunk):
                     if continuation:
                         ev = self._splice(ev)
@@ -360,10 +361,14 @@ class StreamRelay:
                             continue
                     if self.assembler is not None:
                         self.assembler.feed_event(ev)
-                    events += 1
-                    if self.ctx.ttft_s is None:
-                        self.ctx.ttft_s = time.perf_counter() - self.ctx.start
-                    yield ev
+                    out.append(ev)
+                if not out:
+                    continue
+                events += len(out)
+                if self.ctx.ttft_s is None:
+                    self.ctx.ttft_s = time.perf_counter() - self.ctx.start
+                # Events that arrived together leave together: one write instead of one each.
+                yield out[0] if len(out) == 1 else b"".join(out)
             settled = True
             total = time.monotonic() - start
             settle_success(

@@ -1,17 +1,24 @@
 """Talking to one provider: a pooled HTTP client, per-attempt timeouts, failure classification.
 
 Each failure is raised as `UpstreamFailure` with a `kind` string (see `gateway.resilience.failures`)
-so that retry, breaker and metrics code can decide without looking at exceptions from httpx.
+so that retry, breaker and metrics code can decide without looking at exceptions from the HTTP
+library.
+
+The client is aiohttp: under concurrency its connection pool costs a fraction of httpx's per
+request (httpx/httpcore walks every pooled connection, with a socket check each, on every request;
+measured: ~400 req/s with httpx vs thousands with aiohttp at 32 concurrent connections on 2 cores).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-import httpx
+import aiohttp
 
 from gateway.policy.schema import Provider, Timeouts
 
@@ -28,12 +35,11 @@ _DROP_HEADERS = frozenset(
         "set-cookie",
     }
 )
+# Kept pooled connections are closed after this long unused.
+KEEPALIVE_S = 30.0
 
-
-# A pooled keep-alive connection that the server closed meanwhile (its idle timeout raced our
-# reuse) fails like this, before any response byte. The server never handled the request, so one
-# immediate resend on a fresh connection is safe, and it says nothing about the provider's health.
-_STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.WriteError)
+# Set by the connector when the current task's request got a pooled (reused) connection.
+_reused: contextvars.ContextVar[bool] = contextvars.ContextVar("upstream_reused", default=False)
 
 
 class UpstreamFailure(Exception):
@@ -67,11 +73,16 @@ def parse_retry_after(value: str | None) -> float | None:
         return None
 
 
-def forwardable_headers(headers: httpx.Headers) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _DROP_HEADERS}
+def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in headers.items():
+        k = k.lower()
+        if k not in _DROP_HEADERS:
+            out[k] = v
+    return out
 
 
-def _status_failure(resp_status: int, body: bytes, headers: httpx.Headers) -> UpstreamFailure:
+def _status_failure(resp_status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamFailure:
     fwd = forwardable_headers(headers)
     if resp_status == 429:
         return UpstreamFailure(
@@ -86,6 +97,29 @@ def _status_failure(resp_status: int, body: bytes, headers: httpx.Headers) -> Up
     return UpstreamFailure(
         kind, f"provider answered {resp_status}", status=resp_status, body=body, headers=fwd
     )
+
+
+class _Connector(aiohttp.TCPConnector):
+    """Notes whether a request got a pooled connection, for the stale keep-alive retry."""
+
+    async def _get(self, *args: Any, **kwargs: Any) -> Any:
+        conn = await super()._get(*args, **kwargs)
+        if conn is not None:
+            _reused.set(True)
+        return conn
+
+
+def _stale(e: BaseException) -> bool:
+    """A reused connection the provider had closed: it never read the request, so resend once.
+
+    The same rule as Go's HTTP client: only on a pooled connection, and only when it ended
+    before any byte of the response (a disconnect or a reset on write).
+    """
+    if not _reused.get():
+        return False
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(e, aiohttp.ClientOSError) and not isinstance(e, aiohttp.ClientConnectorError)
 
 
 @dataclass(slots=True)
@@ -104,113 +138,148 @@ class UpstreamStream:
     headers: dict[str, str]
     first: bytes
     ttft_s: float
-    _response: httpx.Response
-    _iter: AsyncIterator[bytes]
+    _response: aiohttp.ClientResponse
     _deadline: float
     _idle_s: float
     closed: bool = field(default=False)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The remaining raw chunks; raises UpstreamFailure(idle_timeout|total_timeout|stream_broken)."""
-        it = self._iter
+        content = self._response.content
         try:
             while True:
                 remaining = self._deadline - time.monotonic()
                 if remaining <= 0:
                     raise UpstreamFailure("total_timeout", "stream exceeded the total time limit")
                 try:
-                    async with asyncio.timeout(min(self._idle_s, remaining)):
-                        chunk = await it.__anext__()
-                except StopAsyncIteration:
-                    return
+                    chunk = content.read_nowait(-1)  # whatever already arrived, without a timer
+                    if not chunk and not content.at_eof():
+                        async with asyncio.timeout(min(self._idle_s, remaining)):
+                            chunk = await content.readany()
                 except TimeoutError:
                     kind = "idle_timeout" if remaining > self._idle_s else "total_timeout"
                     raise UpstreamFailure(kind, "no stream data in time") from None
-                except (httpx.HTTPError, OSError) as e:
+                except (aiohttp.ClientError, OSError) as e:
                     raise UpstreamFailure("stream_broken", type(e).__name__) from None
-                if chunk:
-                    yield chunk
+                if not chunk:
+                    if content.at_eof():
+                        self._check_complete()
+                        return
+                    continue
+                yield chunk
         finally:
             await self.aclose()
+
+    def _check_complete(self) -> None:
+        """EOF before the declared end (a cut chunked body) is a broken stream, not an end."""
+        exc = self._response.content.exception()
+        if exc is not None:
+            raise UpstreamFailure("stream_broken", type(exc).__name__)
 
     async def aclose(self) -> None:
         if not self.closed:
             self.closed = True
-            await self._response.aclose()
+            if self._response.content.at_eof():
+                self._response.release()  # the connection goes back to the pool
+            else:
+                self._response.close()
 
 
 class UpstreamClient:
-    """A pooled client for one provider. Created once per provider, reused across requests."""
+    """A pooled client for one provider. Created once per provider, reused across requests.
+
+    The aiohttp session belongs to an event loop, so it is created on first use in the running
+    loop (the policy and this client may be built before the server's loop starts).
+    """
 
     def __init__(self, name: str, config: Provider, api_key: str | None) -> None:
         self.name = name
         self.config = config
-        self.stale_resends = 0
-        t = config.timeouts
-        limits = httpx.Limits(
-            max_connections=config.max_inflight or 1000,
-            max_keepalive_connections=min(config.max_inflight or 256, 256),
-            keepalive_expiry=30.0,
-        )
+        self._base = config.base_url.rstrip("/")
+        self.stale_resends = 0  # requests re-sent because a pooled connection had been closed
         headers = {"content-type": "application/json", **config.headers}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
-        self._client = httpx.AsyncClient(
-            base_url=config.base_url.rstrip("/"),
-            headers=headers,
-            limits=limits,
-            timeout=httpx.Timeout(
-                connect=t.connect_s, read=t.first_byte_s, write=t.connect_s, pool=t.total_s
-            ),
-            http2=False,
-            trust_env=False,
-        )
+        self._headers = headers
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timeouts: tuple[Timeouts, aiohttp.ClientTimeout] | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._session
+        if session is None or self._loop is not loop or session.closed:
+            connector = _Connector(
+                limit=self.config.max_inflight or 0,  # 0: no limit (admission control caps it)
+                limit_per_host=0,
+                keepalive_timeout=KEEPALIVE_S,
+                ttl_dns_cache=60,
+            )
+            session = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None),
+                trust_env=False,
+                skip_auto_headers=("User-Agent",),
+                auto_decompress=True,
+                raise_for_status=False,
+            )
+            self._session, self._loop = session, loop
+        return session
+
+    def _client_timeout(self, t: Timeouts) -> aiohttp.ClientTimeout:
+        """Connect limit only: first-byte, idle and total limits are enforced around the calls."""
+        cached = self._timeouts
+        if cached is not None and cached[0] is t:
+            return cached[1]
+        ct = aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s)
+        self._timeouts = (t, ct)
+        return ct
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
 
-    def _request(self, path: str, body: bytes, headers: dict[str, str] | None) -> httpx.Request:
-        return self._client.build_request("POST", path, content=body, headers=headers)
-
-    async def _send(self, req: httpx.Request, stream: bool) -> httpx.Response:
-        """Send, resending once when a reused connection turns out to be closed."""
-        try:
-            return await self._client.send(req, stream=stream)
-        except _STALE_CONNECTION:
-            self.stale_resends += 1
-            return await self._client.send(req, stream=stream)
+    async def _post(
+        self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
+    ) -> aiohttp.ClientResponse:
+        """POST, resending once on a stale pooled connection; raises aiohttp/OS errors."""
+        session = self._client()
+        url = self._base + path
+        timeout = self._client_timeout(timeouts)
+        for attempt in (0, 1):
+            _reused.set(False)
+            try:
+                return await session.post(url, data=body, headers=headers, timeout=timeout)
+            except (aiohttp.ClientError, OSError) as e:
+                if attempt or not _stale(e):
+                    raise
+                self.stale_resends += 1
+        raise AssertionError("unreachable")
 
     async def send(
         self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
     ) -> UpstreamResponse:
         """A non-streaming call. The whole generation precedes the first byte, so total_s applies."""
         start = time.monotonic()
-        req = self._request(path, body, headers)
-        req.extensions["timeout"] = httpx.Timeout(
-            connect=timeouts.connect_s,
-            read=timeouts.total_s,
-            write=timeouts.connect_s,
-            pool=timeouts.total_s,
-        ).as_dict()
         try:
             async with asyncio.timeout(timeouts.total_s):
-                resp = await self._send(req, stream=False)
+                resp = await self._post(path, body, headers, timeouts)
+                try:
+                    content = await resp.read()
+                finally:
+                    resp.release()
+        except aiohttp.ConnectionTimeoutError:
+            raise UpstreamFailure("connect_timeout", "connect timed out") from None
         except TimeoutError:
             raise UpstreamFailure("total_timeout", "no complete answer in time") from None
-        except httpx.ConnectTimeout:
-            raise UpstreamFailure("connect_timeout", "connect timed out") from None
-        except httpx.TimeoutException:
-            raise UpstreamFailure("total_timeout", "no complete answer in time") from None
-        except (httpx.ConnectError, httpx.RemoteProtocolError, OSError) as e:
-            raise UpstreamFailure("connect_error", type(e).__name__) from None
-        except httpx.HTTPError as e:
+        except (aiohttp.ClientError, OSError) as e:
             raise UpstreamFailure("connect_error", type(e).__name__) from None
         elapsed = time.monotonic() - start
-        if resp.status_code >= 400:
-            raise _status_failure(resp.status_code, resp.content, resp.headers)
-        return UpstreamResponse(
-            resp.status_code, forwardable_headers(resp.headers), resp.content, elapsed
-        )
+        if resp.status >= 400:
+            raise _status_failure(resp.status, content, resp.headers)
+        return UpstreamResponse(resp.status, forwardable_headers(resp.headers), content, elapsed)
 
     async def open_stream(
         self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
@@ -218,53 +287,41 @@ class UpstreamClient:
         """Open a stream and wait for its first chunk (bounded by first_byte_s)."""
         start = time.monotonic()
         deadline = start + timeouts.total_s
-        req = self._request(path, body, headers)
-        # The first chunk is bounded by first_byte_s (below) and later gaps by idle_s (in
-        # UpstreamStream.chunks); the socket read limit must not cut either of them short.
-        req.extensions["timeout"] = httpx.Timeout(
-            connect=timeouts.connect_s,
-            read=max(timeouts.idle_s, timeouts.first_byte_s),
-            write=timeouts.connect_s,
-            pool=timeouts.total_s,
-        ).as_dict()
-        resp: httpx.Response | None = None
+        resp: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(min(timeouts.first_byte_s, timeouts.total_s)):
-                resp = await self._send(req, stream=True)
-                if resp.status_code >= 400:
-                    content = await resp.aread()
-                    await resp.aclose()
-                    raise _status_failure(resp.status_code, content, resp.headers)
-                it = resp.aiter_raw()
+                resp = await self._post(path, body, headers, timeouts)
+                if resp.status >= 400:
+                    try:
+                        content = await resp.read()
+                    finally:
+                        resp.release()
+                    raise _status_failure(resp.status, content, resp.headers)
                 first = b""
                 while not first:
-                    first = await it.__anext__()
+                    first = await resp.content.readany()
+                    if not first and resp.content.at_eof():
+                        resp.release()
+                        raise UpstreamFailure("stream_broken", "stream ended before any data")
         except UpstreamFailure:
             raise
+        except aiohttp.ConnectionTimeoutError:
+            raise UpstreamFailure("connect_timeout", "connect timed out") from None
         except TimeoutError:
             if resp is not None:
-                await resp.aclose()
+                resp.close()
             raise UpstreamFailure("first_byte_timeout", "no first chunk in time") from None
-        except httpx.ConnectTimeout:
-            raise UpstreamFailure("connect_timeout", "connect timed out") from None
-        except StopAsyncIteration:
+        except (aiohttp.ClientError, OSError) as e:
             if resp is not None:
-                await resp.aclose()
-            raise UpstreamFailure("stream_broken", "stream ended before any data") from None
-        except (httpx.ConnectError, OSError) as e:
-            raise UpstreamFailure("connect_error", type(e).__name__) from None
-        except httpx.HTTPError as e:
-            if resp is not None:
-                await resp.aclose()
+                resp.close()
                 raise UpstreamFailure("stream_broken", type(e).__name__) from None
             raise UpstreamFailure("connect_error", type(e).__name__) from None
         return UpstreamStream(
-            status=resp.status_code,
+            status=resp.status,
             headers=forwardable_headers(resp.headers),
             first=first,
             ttft_s=time.monotonic() - start,
             _response=resp,
-            _iter=it,
             _deadline=deadline,
             _idle_s=timeouts.idle_s,
         )

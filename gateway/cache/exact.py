@@ -8,6 +8,7 @@ is stored once complete and replayed as SSE when a streaming request hits.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections import OrderedDict
 from typing import Any, Protocol
@@ -57,10 +58,20 @@ class Store(Protocol):
     async def set(self, key: str, value: bytes, ttl_s: int) -> None: ...
 
 
+# In-process cache size per worker (GATEWAY_EXACT_CACHE_MB): small enough that a worker stays
+# within its memory budget when unique traffic fills it; with Redis the entries live there instead.
+DEFAULT_MEMORY_MB = 32
+# Python objects around each entry (dict slot, tuple, float, str and bytes headers), so that the
+# cap bounds the memory actually used, not only the payload.
+ENTRY_OVERHEAD = 200
+
+
 class MemoryLRU:
     """In-process LRU bounded in bytes, with per-entry expiry."""
 
-    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
+        if max_bytes is None:
+            max_bytes = int(os.environ.get("GATEWAY_EXACT_CACHE_MB", DEFAULT_MEMORY_MB)) * 2**20
         self.max_bytes = max_bytes
         self.bytes = 0
         self._d: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
@@ -79,16 +90,33 @@ class MemoryLRU:
     async def set(self, key: str, value: bytes, ttl_s: int) -> None:
         if len(value) > self.max_bytes:
             return
+        now = time.monotonic()
+        self._expire(now)
         if key in self._d:
             self._drop(key)
-        self._d[key] = (time.monotonic() + ttl_s, value)
-        self.bytes += len(value) + len(key)
+        self._d[key] = (now + ttl_s, value)
+        self.bytes += len(value) + len(key) + ENTRY_OVERHEAD
         while self.bytes > self.max_bytes and self._d:
             self._drop(next(iter(self._d)))
 
+    def _expire(self, now: float, limit: int = 8) -> None:
+        """Drop a few expired entries from the least recently used end.
+
+        Entries nobody reads again never meet `get`'s expiry check; without this, memory would
+        grow to `max_bytes` under unique traffic instead of staying at what the TTLs allow.
+        """
+        d = self._d
+        for _ in range(limit):
+            if not d:
+                return
+            key = next(iter(d))
+            if d[key][0] >= now:
+                return
+            self._drop(key)
+
     def _drop(self, key: str) -> None:
         _, v = self._d.pop(key)
-        self.bytes -= len(v) + len(key)
+        self.bytes -= len(v) + len(key) + ENTRY_OVERHEAD
 
     def __len__(self) -> int:
         return len(self._d)
