@@ -22,6 +22,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.policy.loader import parse_policy
+from gateway.server import FastRoutes
 from gateway.state import SharedState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,8 +77,13 @@ class GatewayServer:
         prefix = os.environ.get("GATEWAY_REDIS_PREFIX", "gw:")
         self.app = create_app(self.policy, SharedState(redis_url, prefix=prefix))
         self.port = free_port()
+        # The same ASGI entry point `gateway serve` runs (inference routes straight to the pipeline).
         self.config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
+            FastRoutes(self.app),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
         )
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
