@@ -13,8 +13,8 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
 from starlette.responses import Response, StreamingResponse
@@ -34,7 +34,7 @@ from gateway.routing.member import SignalKind, latency_signal
 from gateway.runtime import ProviderState, Snapshot
 from gateway.sse import SSESplitter, encode_event, event_data
 from gateway.telemetry import upstream_headers
-from gateway.upstream import UpstreamFailure, UpstreamStream
+from gateway.upstream import UpstreamFailure, UpstreamResponse, UpstreamStream
 
 CLIENT_ERRORS = frozenset({"upstream_4xx"})
 _EXHAUSTED_STATUS = {
@@ -48,6 +48,9 @@ _EXHAUSTED_STATUS = {
     "stream_broken": (502, "upstream_error"),
 }
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+T = TypeVar("T")
+Call = Callable[[ProviderState], Awaitable[T]]
 
 # Called with the complete answer (JSON bytes) of a successful request, e.g. to fill the cache.
 OnComplete = Callable[[bytes], None]
@@ -106,45 +109,55 @@ class Dispatcher:
             await asyncio.sleep(delay)
         return True
 
-    async def unary(
-        self, snap: Snapshot, acc: Accepted, decision: Decision, ctx: Context
-    ) -> tuple[bytes, dict[str, str]]:
-        """The first successful answer's body and headers; raises GatewayError or PassThrough."""
+    async def _first_success(
+        self, snap: Snapshot, candidates: Candidates, ctx: Context, call: Call[T]
+    ) -> tuple[T, ProviderState, float]:
+        """Try candidates in turn until `call(member)` succeeds; returns (result, member, start).
+
+        Every failure is settled (breaker, latency estimate, admission); a non-retryable 4xx goes
+        back to the client as it is; retries stop when the retrier says so.
+        """
         retrier = self.retrier(snap)
-        retrier.record_request()
         last: UpstreamFailure | None = None
-        path = PATHS[acc.endpoint]
         attempt = 0
-        candidates = self.candidates(snap, decision, ctx)
         async for member in candidates:
             attempt += 1
             start = member.member.begin()
             member.requests += 1
             try:
-                resp = await member.client.send(
-                    path,
-                    self.upstream_body(acc.body, acc.model, member),
-                    upstream_headers(ctx),
-                    member.config.timeouts,
-                )
+                return await call(member), member, start
             except UpstreamFailure as f:
                 last = f
                 settle_failure(member, f, time.monotonic() - start, ctx, self.admission)
                 if f.kind in CLIENT_ERRORS:
                     raise PassThrough(self.passthrough_error(f, ctx)) from None
-                if await self._next_attempt(retrier, attempt, f):
-                    continue
-                break
+                if not await self._next_attempt(retrier, attempt, f):
+                    break
             except BaseException:
                 settle_cancelled(member, self.admission)
                 raise
-            signal = snap.pools[ctx.pool].config.latency_signal
-            total = time.monotonic() - start
-            out = completion_tokens(resp.body) if signal == "per_token" else None
-            settle_success(member, latency_signal(signal, None, total, out), self.admission)
-            ctx.response_body = resp.body
-            return resp.body, resp.headers
         raise self.exhausted(last, candidates)
+
+    async def unary(
+        self, snap: Snapshot, acc: Accepted, decision: Decision, ctx: Context
+    ) -> tuple[bytes, dict[str, str]]:
+        """The first successful answer's body and headers; raises GatewayError or PassThrough."""
+        self.retrier(snap).record_request()
+        path = PATHS[acc.endpoint]
+
+        def call(m: ProviderState) -> Awaitable[UpstreamResponse]:
+            # Headers per attempt: the trace context names this attempt's span.
+            body = self.upstream_body(acc.body, acc.model, m)
+            return m.client.send(path, body, upstream_headers(ctx), m.config.timeouts)
+
+        candidates = self.candidates(snap, decision, ctx)
+        resp, member, start = await self._first_success(snap, candidates, ctx, call)
+        signal = snap.pools[ctx.pool].config.latency_signal
+        total = time.monotonic() - start
+        out = completion_tokens(resp.body) if signal == "per_token" else None
+        settle_success(member, latency_signal(signal, None, total, out), self.admission)
+        ctx.response_body = resp.body
+        return resp.body, resp.headers
 
     async def open_stream(
         self,
@@ -156,33 +169,12 @@ class Dispatcher:
         ctx: Context,
     ) -> tuple[UpstreamStream, ProviderState, float]:
         """Open a stream on the first member that delivers a first chunk."""
-        retrier = self.retrier(snap)
-        last: UpstreamFailure | None = None
-        attempt = 0
-        async for member in candidates:
-            attempt += 1
-            start = member.member.begin()
-            member.requests += 1
-            try:
-                stream = await member.client.open_stream(
-                    path,
-                    self.upstream_body(body, alias, member),
-                    upstream_headers(ctx),
-                    member.config.timeouts,
-                )
-            except UpstreamFailure as f:
-                last = f
-                settle_failure(member, f, time.monotonic() - start, ctx, self.admission)
-                if f.kind in CLIENT_ERRORS:
-                    raise PassThrough(self.passthrough_error(f, ctx)) from None
-                if await self._next_attempt(retrier, attempt, f):
-                    continue
-                break
-            except BaseException:
-                settle_cancelled(member, self.admission)
-                raise
-            return stream, member, start
-        raise self.exhausted(last, candidates)
+
+        def call(m: ProviderState) -> Awaitable[UpstreamStream]:
+            upstream = self.upstream_body(body, alias, m)
+            return m.client.open_stream(path, upstream, upstream_headers(ctx), m.config.timeouts)
+
+        return await self._first_success(snap, candidates, ctx, call)
 
     async def stream(
         self,
