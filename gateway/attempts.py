@@ -74,6 +74,10 @@ class Candidates:
             return None
         _, member, pool = best
         self.tried.add(member.name)
+        return self._take(pool, member)
+
+    def _take(self, pool: str, member: ProviderState) -> ProviderState:
+        """Count an attempt on `member` (already admitted by its breaker)."""
         self.per_pool[pool] = self.per_pool.get(pool, 0) + 1
         self.ctx.pool, self.ctx.provider = pool, member.name
         self.ctx.attempts += 1
@@ -93,12 +97,7 @@ class Candidates:
                 self.tried.add(member.name)
                 if not member.breaker.acquire():
                     continue  # half-open with its probes taken: try another
-                self.per_pool[name] = self.per_pool.get(name, 0) + 1
-                self.ctx.pool, self.ctx.provider = name, member.name
-                self.ctx.attempts += 1
-                if self.ctx.trace is not None:
-                    self.ctx.trace.attempt(name, member, self.ctx.attempts)
-                return member
+                return self._take(name, member)
         return None
 
     def _probe(self, pool: str) -> ProviderState | None:
