@@ -260,6 +260,8 @@ def run(a: argparse.Namespace) -> None:
                     rate = max(10.0, 0.5 * max_rps(results["w1-unary"], "gateway"))
                     soak = ["soak", "--url", url, "--rate", f"{rate:.0f}"]
                     soak += ["--duration", str(a.soak_seconds), "--window", "10", *pid_args(pids)]
+                    # The duration, not the default request cap, must end the soak.
+                    soak += ["--max-requests", str(int(rate * a.soak_seconds * 1.2) + 1000)]
                     results["w1-soak"] = bench(soak, out / "w1-soak", a.soak_seconds + 300)
     finally:
         fleet.close()
