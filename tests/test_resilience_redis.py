@@ -7,34 +7,24 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import gateway_process, validate, validate_sse
 from tests.test_resilience_helpers import (  # noqa: F401 - fixture
     RedisProcess,
+    fleet_of,
+    healthy_fleet,
     poll,
     requests_at,
     start_gateway,
 )
 
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet([{"name": "dead", "profile": "fast"}, {"name": "good", "profile": "fast"}]) as f:
-        yield f
-
-
-@pytest.fixture(autouse=True)
-def _healthy(fleet: Fleet) -> Iterator[None]:
-    yield
-    for name in fleet.names:
-        fleet.clear_faults(name)
+fleet = fleet_of("dead", "good")
 
 
 def policy(fleet: Fleet, breaker: str) -> str:

@@ -8,27 +8,15 @@ read exactly like an unbroken answer.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import openai
 import pytest
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import validate
-from tests.test_resilience_helpers import MSG, requests_at, start_gateway  # noqa: F401 - fixture
+from tests.test_resilience_helpers import MSG, fleet_of, healthy_fleet, requests_at, start_gateway  # noqa: F401 - fixture
 
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet([{"name": "a", "profile": "fast"}, {"name": "b", "profile": "fast"}]) as f:
-        yield f
-
-
-@pytest.fixture(autouse=True)
-def _healthy(fleet: Fleet) -> Iterator[None]:
-    yield
-    for name in fleet.names:
-        fleet.clear_faults(name)
+fleet = fleet_of("a", "b")
 
 
 def resume_policy(fleet: Fleet) -> str:

@@ -15,6 +15,7 @@ from loadtests.simulator.testing import Fleet, run_fleet
 from tests.support import validate, validate_sse
 from tests.test_resilience_helpers import (  # noqa: F401 - fixture
     MSG,
+    healthy_fleet,
     poll,
     requests_at,
     start_gateway,
@@ -27,13 +28,6 @@ def fleet() -> Iterator[Fleet]:
     specs.append({"name": "small", "profile": "fast", "overrides": {"context_window": 64}})
     with run_fleet(specs) as f:
         yield f
-
-
-@pytest.fixture(autouse=True)
-def _healthy(fleet: Fleet) -> Iterator[None]:
-    yield
-    for name in fleet.names:
-        fleet.clear_faults(name)
 
 
 def providers(fleet: Fleet, *names: str, breaker: str = "") -> str:

@@ -7,15 +7,15 @@ from what the gateway recorded for the request (its observers) and from the erro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import validate, validate_sse
 from tests.test_resilience_helpers import (  # noqa: F401 - fixture
     MSG,
+    fleet_of,
+    healthy_fleet,
     requests_at,
     start_gateway,
     unconnectable_port,
@@ -28,17 +28,7 @@ GOOD_TIMEOUTS = "{connect_s: 2.0, first_byte_s: 5.0, idle_s: 5.0, total_s: 10.0}
 TRICKLE_TIMEOUTS = "{connect_s: 0.5, first_byte_s: 0.4, idle_s: 2.0, total_s: 0.8}"
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet([{"name": "bad", "profile": "fast"}, {"name": "good", "profile": "fast"}]) as f:
-        yield f
-
-
-@pytest.fixture(autouse=True)
-def _healthy(fleet: Fleet) -> Iterator[None]:
-    yield
-    for name in fleet.names:
-        fleet.clear_faults(name)
+fleet = fleet_of("bad", "good")
 
 
 def policy(

@@ -9,6 +9,7 @@ from loadtests.llama.launcher import (
     llama_instances,
     start_instances,
     stop_all,
+    unavailable_reason,
 )
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "LlamaError",
     "LlamaInstance",
     "engine_available",
+    "unavailable_reason",
     "find_model",
     "llama_instances",
     "start_instances",

