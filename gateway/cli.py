@@ -102,7 +102,7 @@ def serve(
             log_level=log_level.lower(),
             access_log=False,
             loop=_installed(loop, "uvloop"),
-            http=_installed(http, "httptools"),
+            http=_http_protocol(http),
             backlog=backlog,
         )
     finally:
@@ -112,6 +112,15 @@ def serve(
             from loadtests.llama import stop_all
 
             stop_all(llamas)
+
+
+def _http_protocol(choice: str) -> Any:
+    """httptools (with the gateway's connection-loss fix) when installed, else uvicorn's pick."""
+    if _installed(choice, "httptools") != "httptools":
+        return "auto" if choice == "httptools" else choice
+    from gateway.http_protocol import GatewayHttpProtocol
+
+    return GatewayHttpProtocol
 
 
 def _installed(choice: str, module: str) -> str:

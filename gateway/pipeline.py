@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
+from starlette.background import BackgroundTask
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -96,8 +97,12 @@ class Pipeline:
         if isinstance(response, StreamingResponse):
             ctx.on_done = self.record  # 7. Record, once the stream has ended
         else:
-            self.record(ctx)
+            # 7. Record, right after the body is sent: metrics and logs stay off the latency path.
+            response.background = BackgroundTask(self._record_after_send, ctx)
         return response
+
+    async def _record_after_send(self, ctx: Context) -> None:
+        self.record(ctx)
 
     def record(self, ctx: Context) -> None:
         """7. Record: every observer (metrics, logs, traces) sees each finished request once."""

@@ -2,14 +2,17 @@
 
     python -m loadtests.overhead [--quick] [--out DIR] [--workers 1,2] [--modes unary,stream]
                                  [--wrk] [--soak-seconds 180] [--peer-venv /tmp/litellm-venv]
+                                 [--portkey .peers/portkey]
 
 Starts two zero-latency simulator instances (a static upstream), then `gateway serve` with
 loadtests/overhead.yaml (classification, routing and the exact cache on: every request carries a
 unique nonce, so the exact-cache lookup runs and misses and the answer is stored) for each worker
 count (2 workers share state through Redis under a unique key prefix), and runs
 `python -m loadtests.bench overhead` (direct vs gateway, interleaved) for non-streaming and
-streaming requests. It also runs the generator's own calibration, optionally LiteLLM's proxy as a
-peer (1 worker, from a separate virtualenv) and a short soak at half the measured max throughput.
+streaming requests. It also runs the generator's own calibration, optionally Portkey's Node gateway
+as a peer interleaved in every phase (installed by loadtests/peers/install_portkey.sh), optionally
+LiteLLM's proxy as a peer (1 worker, from a separate virtualenv, its own phase) and a soak at half
+the measured max throughput.
 Everything lands in --out (one folder per phase plus summary.md).
 """
 
@@ -51,7 +54,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"process exited early ({proc.returncode}): {proc.args}")
+            raise RuntimeError(f"process exited early ({proc.returncode}): {proc.args!r}")
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
             if r.status == 200:
                 return
@@ -134,11 +137,12 @@ def _clear_redis(url: str | None, prefix: str) -> None:
             r.delete(*keys)
 
 
-def post(url: str) -> None:
+def post(url: str, headers: dict[str, str] | None = None) -> None:
     body = json.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": uuid.uuid4().hex}]}
     ).encode()
-    req = urllib.request.Request(url, body, {"content-type": "application/json"})
+    h = {"content-type": "application/json", "authorization": f"Bearer {BENCH_KEY}"}
+    req = urllib.request.Request(url, body, {**h, **(headers or {})})
     with contextlib.suppress(OSError), urllib.request.urlopen(req, timeout=10) as r:
         r.read()
 
@@ -181,6 +185,42 @@ def litellm_peer(venv: Path, fleet: Fleet) -> Iterator[tuple[str, int] | None]:
             yield f"http://127.0.0.1:{port}/v1", proc.pid
         finally:
             ctx.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def portkey_peer(install: Path, fleet: Fleet) -> Iterator[list[str]]:
+    """Portkey's gateway (one Node process) in front of zero-a; yields the bench arguments."""
+    server = install / "node_modules/@portkey-ai/gateway/build/start-server.js"
+    if not server.exists() or shutil.which("node") is None:
+        print(f"peer: {server} or node not found; running without Portkey", file=sys.stderr)
+        yield []
+        return
+    port = free_port()
+    cmd = ["node", str(server), f"--port={port}", "--headless"]
+    with process(cmd, dict(os.environ), f"http://127.0.0.1:{port}/") as proc:
+        for _ in range(20):
+            post(f"http://127.0.0.1:{port}/v1/chat/completions", PORTKEY_HEADERS(fleet))
+        args = ["--peer", f"http://127.0.0.1:{port}/v1", "--pid", f"peer={proc.pid}"]
+        for k, v in PORTKEY_HEADERS(fleet).items():
+            args += ["--target-header", f"peer={k}:{v}"]
+        yield args
+
+
+@contextlib.contextmanager
+def relay_floor(fleet: Fleet) -> Iterator[list[str]]:
+    """A byte relay in front of zero-a (loadtests.tcp_relay): the floor of one extra hop."""
+    port = free_port()
+    upstream = fleet.root_url("zero-a").removeprefix("http://")
+    cmd = [sys.executable, "-m", "loadtests.tcp_relay", "--listen", f"127.0.0.1:{port}"]
+    cmd += ["--to", upstream]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with process(cmd, env, f"http://127.0.0.1:{port}/health") as proc:
+        yield ["--peer", f"relay=http://127.0.0.1:{port}/v1", "--pid", f"relay={proc.pid}"]
+
+
+def PORTKEY_HEADERS(fleet: Fleet) -> dict[str, str]:  # noqa: N802 - reads as a constant
+    """Portkey's per-request routing: an OpenAI-compatible provider at the simulator's URL."""
+    return {"x-portkey-provider": "openai", "x-portkey-custom-host": fleet.url("zero-a")}
 
 
 def bench(args: list[str], out: Path, timeout_s: float) -> dict[str, Any]:
@@ -236,9 +276,15 @@ def run(a: argparse.Namespace) -> None:
         direct = fleet.url("zero-a")
         sim_pid = ["--pid", f"simulator={fleet.pid}"] if fleet.pid else []
         for workers in a.workers:
-            with gateway(fleet, workers, a.redis_url) as (url, pids):
+            with (
+                gateway(fleet, workers, a.redis_url) as (url, pids),
+                contextlib.ExitStack() as stack,
+            ):
+                peer_args = stack.enter_context(relay_floor(fleet)) if a.floor else []
+                if a.portkey:
+                    peer_args += stack.enter_context(portkey_peer(a.portkey, fleet))
                 for mode in a.modes:
-                    args = ["overhead", "--direct", direct, "--gateway", url]
+                    args = ["overhead", "--direct", direct, "--gateway", url, *peer_args]
                     args += [*pid_args(pids), *sim_pid, *overhead_args(a, mode == "stream")]
                     if a.wrk:
                         args.append("--wrk")
@@ -287,7 +333,9 @@ def summarize(results: dict[str, dict[str, Any]]) -> str:
         if res.get("mode") != "overhead":
             continue
         t = res["tables"]
-        lines += [f"## {name}", "", "| figure | gateway | peer |", "|---|---|---|"]
+        sides = [n for n in res.get("config", {}).get("targets", {}) if n != "direct"]
+        lines += [f"## {name}", "", "| figure | " + " | ".join(sides) + " |"]
+        lines.append("|---|" + "---|" * len(sides))
 
         def added(rows: list[dict[str, Any]], target: str, key: str) -> str:
             row = next((r for r in rows if r["target"] == target), None)
@@ -299,18 +347,13 @@ def summarize(results: dict[str, dict[str, Any]]) -> str:
         ]:
             for q in ("p50", "p99"):
                 key = f"lat_{q}_ms"
-                lines.append(
-                    f"| added {q} ms, {label} | {added(rows, 'gateway', key)} "
-                    f"| {added(rows, 'peer', key)} |"
-                )
+                cells = " | ".join(added(rows, side, key) for side in sides)
+                lines.append(f"| added {q} ms, {label} | {cells} |")
         mx = {r["target"]: r for r in t["max_throughput"]}
-        lines.append(
-            "| max req/s (direct "
-            f"{_f(mx.get('direct', {}).get('max_req_per_s'), 0)}) "
-            f"| {_f(mx.get('gateway', {}).get('max_req_per_s'), 0)} "
-            f"| {_f(mx.get('peer', {}).get('max_req_per_s'), 0)} |"
-        )
-        lines += _proc_lines(t["process"])
+        cells = " | ".join(_f(mx.get(side, {}).get("max_req_per_s"), 0) for side in sides)
+        direct_max = _f(mx.get("direct", {}).get("max_req_per_s"), 0)
+        lines.append(f"| max req/s (direct {direct_max}) | {cells} |")
+        lines += _proc_lines(t["process"], sides)
         lines += [""] + [f"- {n}" for n in res.get("notes", [])] + [""]
     soak = results.get("w1-soak")
     if soak:
@@ -334,16 +377,18 @@ def summarize(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _proc_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """CPU ms/request and RSS of the gateway's processes during its max-throughput steps."""
+def _proc_lines(rows: list[dict[str, Any]], sides: list[str]) -> list[str]:
+    """CPU ms/request and RSS of each side's processes during its max-throughput steps.
+
+    A side's processes are those metered under its name (``gateway``, ``gateway1``...).
+    """
     cpu: dict[str, float] = {}
     n: dict[str, float] = {}
     rss: dict[str, float] = {}
+    procs: dict[str, set[str]] = {}
     for r in rows:
-        if not r["phase"].startswith("c=") or r["target"] not in ("gateway", "peer"):
-            continue
-        proc, side = r["process"], r["target"]
-        if not proc.startswith("gateway" if side == "gateway" else "peer"):
+        side, proc = r["target"], r["process"]
+        if not r["phase"].startswith("c=") or side not in sides or not proc.startswith(side):
             continue
         per = float(r["cpu_ms_per_request"])
         if math.isnan(per) or per <= 0:
@@ -351,18 +396,14 @@ def _proc_lines(rows: list[dict[str, Any]]) -> list[str]:
         cpu[side] = cpu.get(side, 0.0) + float(r["cpu_s"])
         n[side] = n.get(side, 0.0) + float(r["cpu_s"]) * 1000 / per
         rss[side] = max(rss.get(side, 0.0), float(r["rss_mb"]))
-    n = {k: v / max(1, _procs(rows, k)) for k, v in n.items()}
-    per_req = {k: 1000 * cpu[k] / n[k] for k in cpu if n.get(k)}
+        procs.setdefault(side, set()).add(proc)
+    per_req = {k: 1000 * cpu[k] * len(procs[k]) / n[k] for k in cpu if n.get(k)}
     return [
-        f"| CPU ms/request (closed-loop steps) | {_f(per_req.get('gateway'), 3)} "
-        f"| {_f(per_req.get('peer'), 3)} |",
-        f"| RSS MB per process (max) | {_f(rss.get('gateway'), 0)} | {_f(rss.get('peer'), 0)} |",
+        "| CPU ms/request (closed-loop steps) | "
+        + " | ".join(_f(per_req.get(side), 3) for side in sides)
+        + " |",
+        "| RSS MB per process (max) | " + " | ".join(_f(rss.get(side), 0) for side in sides) + " |",
     ]
-
-
-def _procs(rows: list[dict[str, Any]], side: str) -> int:
-    name = "peer" if side == "peer" else "gateway"
-    return len({r["process"] for r in rows if r["process"].startswith(name)})
 
 
 def main() -> None:
@@ -376,7 +417,18 @@ def main() -> None:
     p.add_argument("--soak-seconds", type=int, default=0, help="Soak at 50%% of max; 0 = none.")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--peer-venv", type=Path, default=None, help="Virtualenv with litellm[proxy].")
-    p.add_argument("--peer-rates", default="50", help="Open-loop rates of the peer run.")
+    p.add_argument("--peer-rates", default="50", help="Open-loop rates of the LiteLLM run.")
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="Also measure a byte relay (loadtests.tcp_relay): what one extra hop costs here.",
+    )
+    p.add_argument(
+        "--portkey",
+        type=Path,
+        default=None,
+        help="Portkey install (loadtests/peers/install_portkey.sh DIR) to run as a peer.",
+    )
     a = p.parse_args()
     if a.wrk and shutil.which("wrk") is None:
         raise SystemExit("--wrk given but wrk is not installed (apt-get install -y wrk)")

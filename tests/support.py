@@ -21,6 +21,7 @@ import jsonschema
 import uvicorn
 
 from gateway.app import create_app
+from gateway.http_protocol import GatewayHttpProtocol
 from gateway.policy.loader import parse_policy
 from gateway.server import FastRoutes
 from gateway.state import SharedState
@@ -84,6 +85,7 @@ class GatewayServer:
             port=self.port,
             log_level="warning",
             lifespan="on",
+            http=GatewayHttpProtocol,
         )
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

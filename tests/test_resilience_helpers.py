@@ -81,7 +81,13 @@ class Gateway(GatewayServer):
 
     def chat(self, timeout: float = 15.0, **body: Any) -> httpx.Response:
         payload = {"model": "chat", "messages": MSG, "max_tokens": 8, **body}
-        return httpx.post(self.base_url + "/chat/completions", json=payload, timeout=timeout)
+        n = len(self.seen)
+        r = httpx.post(self.base_url + "/chat/completions", json=payload, timeout=timeout)
+        # The gateway records a request just after its last byte is sent: wait for that record.
+        deadline = time.monotonic() + 2.0
+        while len(self.seen) == n and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return r
 
 
 @pytest.fixture

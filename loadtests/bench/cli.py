@@ -11,7 +11,7 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Annotated, Any, get_type_hints
 
@@ -57,6 +57,10 @@ class Common:
     plots: Annotated[bool, Opt(help="Write PNG charts with --out.")] = True
     quiet: Annotated[bool, Opt(help="No progress bar.")] = False
     allow_remote: Annotated[bool, Opt(help="Allow non-loopback URLs.")] = False
+    target_header: Annotated[
+        list[str],
+        Opt(help="Extra header for one target, NAME=Header:value (e.g. a peer's routing headers)."),
+    ] = field(default_factory=list)
 
 
 _COMMON = {f.name for f in fields(Common)}
@@ -66,6 +70,14 @@ def _targets(c: Common) -> list[Target]:
     targets = [parse_target(u, c.model, c.api_key, i) for i, u in enumerate(c.url)]
     if not targets:
         raise typer.BadParameter("give at least one --url")
+    extra: dict[str, list[tuple[str, str]]] = {}
+    for spec in c.target_header:
+        name, _, header = spec.partition("=")
+        key, sep, value = header.partition(":")
+        if not sep or not key.strip() or name not in {t.name for t in targets}:
+            raise typer.BadParameter(f"--target-header {spec!r}: expected NAME=Header:value")
+        extra.setdefault(name, []).append((key.strip(), value.strip()))
+    targets = [replace(t, extra_headers=tuple(extra.get(t.name, ()))) for t in targets]
     for t in targets:
         check_url(t.url, c.allow_remote)
     return targets
@@ -268,8 +280,9 @@ def overhead(
     direct: Annotated[str, Opt(help="Upstream base URL, reached directly.")],
     gateway: Annotated[str, Opt(help="The same upstream through the gateway.")],
     peer: Annotated[
-        str | None, Opt(help="Optional peer gateway in front of the same upstream.")
-    ] = None,
+        list[str],
+        Opt(help="Peer in front of the same upstream, [NAME=]URL; repeatable."),
+    ] = [],  # noqa: B006
     rounds: Annotated[int, Opt(help="Interleaved rounds per phase.")] = 5,
     one_client_requests: Annotated[int, Opt(help="Sequential requests per target.")] = 200,
     rates: Annotated[str, Opt(help="Open-loop rates, req/s.")] = "200,500",
@@ -300,7 +313,8 @@ def overhead(
         use_wrk=use_wrk,
     )
     pids = _pids(pid)
-    urls = [f"direct={direct}", f"gateway={gateway}"] + ([f"peer={peer}"] if peer else [])
+    peers = [p if "=" in p.split("://")[0] else f"peer{i or ''}={p}" for i, p in enumerate(peer)]
+    urls = [f"direct={direct}", f"gateway={gateway}", *peers]
     return (lambda b: comparison.overhead(b, plan, pids)), urls
 
 

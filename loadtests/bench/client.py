@@ -27,6 +27,7 @@ class Target:
     url: str
     model: str = "default"
     api_key: str | None = None
+    extra_headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def endpoint(self) -> str:
@@ -36,6 +37,7 @@ class Target:
         h = {"Content-Type": "application/json"}
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
+        h.update(self.extra_headers)
         return h
 
 
@@ -183,12 +185,14 @@ async def _read_stream(resp: aiohttp.ClientResponse, s: Sample) -> None:
     chunks = 0
     done = False
     async for line in resp.content:
-        if not line.startswith(b"data:"):
+        # Read on to the end of the body after [DONE], as OpenAI's clients do: leaving early
+        # would close the connection instead of returning it to the pool.
+        if done or not line.startswith(b"data:"):
             continue
         data = line[5:].strip()
         if data == b"[DONE]":
             done = True
-            break
+            continue
         event = orjson.loads(data)
         if "error" in event:
             s.error = "error event in stream"
