@@ -133,8 +133,19 @@ def get_encoding(name: str) -> tiktoken.Encoding:
         if enc is None:
             _prepare_cache(name)
             enc = tiktoken.get_encoding(name)
+            _release_vocabulary(enc)
             _encodings[name] = enc
     return enc
+
+
+def _release_vocabulary(enc: tiktoken.Encoding) -> None:
+    """Free the Python copy of the vocabulary (cl100k: 100k entries, ~15 MB per process).
+
+    Encoding and decoding run in tiktoken's Rust core, which keeps its own copy; in tiktoken the
+    Python dict is read only to pickle an Encoding, which the gateway never does.
+    """
+    if isinstance(getattr(enc, "_mergeable_ranks", None), dict):
+        enc._mergeable_ranks = {}
 
 
 def _exact(text: str, enc: tiktoken.Encoding) -> int:

@@ -208,14 +208,24 @@ def portkey_peer(install: Path, fleet: Fleet) -> Iterator[list[str]]:
 
 @contextlib.contextmanager
 def relay_floor(fleet: Fleet) -> Iterator[list[str]]:
-    """A byte relay in front of zero-a (loadtests.tcp_relay): the floor of one extra hop."""
+    """Two floors in front of zero-a: a byte relay (loadtests.tcp_relay: one extra hop) and the
+    gateway's serving stack with nothing in it (loadtests.stack_floor: uvicorn + aiohttp)."""
     port = free_port()
     upstream = fleet.root_url("zero-a").removeprefix("http://")
     cmd = [sys.executable, "-m", "loadtests.tcp_relay", "--listen", f"127.0.0.1:{port}"]
     cmd += ["--to", upstream]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with process(cmd, env, f"http://127.0.0.1:{port}/health") as proc:
-        yield ["--peer", f"relay=http://127.0.0.1:{port}/v1", "--pid", f"relay={proc.pid}"]
+    port2 = free_port()
+    cmd2 = [sys.executable, "-m", "loadtests.stack_floor", "--port", str(port2)]
+    cmd2 += ["--upstream", fleet.root_url("zero-a")]
+    with (
+        process(cmd, env, f"http://127.0.0.1:{port}/health") as relay,
+        process(cmd2, env, f"http://127.0.0.1:{port2}/health") as stack,
+    ):
+        yield [
+            *("--peer", f"relay=http://127.0.0.1:{port}/v1", "--pid", f"relay={relay.pid}"),
+            *("--peer", f"stack=http://127.0.0.1:{port2}/v1", "--pid", f"stack={stack.pid}"),
+        ]
 
 
 def PORTKEY_HEADERS(fleet: Fleet) -> dict[str, str]:  # noqa: N802 - reads as a constant
@@ -421,7 +431,7 @@ def main() -> None:
     p.add_argument(
         "--floor",
         action="store_true",
-        help="Also measure a byte relay (loadtests.tcp_relay): what one extra hop costs here.",
+        help="Also measure a byte relay and a bare uvicorn + aiohttp forwarder (floors).",
     )
     p.add_argument(
         "--portkey",
