@@ -200,9 +200,9 @@ def portkey_peer(install: Path, fleet: Fleet) -> Iterator[list[str]]:
     with process(cmd, dict(os.environ), f"http://127.0.0.1:{port}/") as proc:
         for _ in range(20):
             post(f"http://127.0.0.1:{port}/v1/chat/completions", PORTKEY_HEADERS(fleet))
-        args = ["--peer", f"http://127.0.0.1:{port}/v1", "--pid", f"peer={proc.pid}"]
+        args = ["--peer", f"portkey=http://127.0.0.1:{port}/v1", "--pid", f"portkey={proc.pid}"]
         for k, v in PORTKEY_HEADERS(fleet).items():
-            args += ["--target-header", f"peer={k}:{v}"]
+            args += ["--target-header", f"portkey={k}:{v}"]
         yield args
 
 

@@ -170,3 +170,29 @@ def test_redis_down_means_misses_not_errors(fleet, gateway) -> None:
         assert r.headers["x-gateway-cache"] == "miss"
     client = openai.OpenAI(base_url=gw.base_url, api_key="key-1", max_retries=0)
     assert client.chat.completions.create(**body(max_tokens=4)).choices[0].message.content
+
+
+def test_memory_cache_real_footprint_stays_near_its_bound() -> None:
+    """Values from orjson.dumps carry an over-allocated buffer; the cache must not keep it."""
+    import asyncio
+    import tracemalloc
+
+    import orjson
+
+    from gateway.cache.exact import MemoryLRU
+
+    cache = MemoryLRU(max_bytes=2**20)
+    completion = {"choices": [{"message": {"content": "word " * 100}}], "usage": {}}
+
+    async def fill() -> None:
+        for i in range(5000):
+            await cache.set(f"k{i:060d}", orjson.dumps({**completion, "id": i}), 60)
+
+    tracemalloc.start()
+    try:
+        asyncio.run(fill())
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cache.bytes <= 2**20
+    assert held < 1.5 * 2**20, f"{held / 2**20:.1f} MB held for a 1 MB cache"

@@ -94,6 +94,9 @@ class MemoryLRU:
         self._expire(now)
         if key in self._d:
             self._drop(key)
+        # A right-sized copy: bytes from orjson.dumps keep their over-allocated buffer (~4 KB for
+        # a 700-byte completion), which would make the real footprint several times the bound.
+        value = memoryview(value).tobytes()
         self._d[key] = (now + ttl_s, value)
         self.bytes += len(value) + len(key) + ENTRY_OVERHEAD
         while self.bytes > self.max_bytes and self._d:
