@@ -15,4 +15,6 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 class GatewayHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        self._unset_keepalive_if_required()
+        unset = getattr(self, "_unset_keepalive_if_required", None)  # absent in other versions
+        if unset is not None:
+            unset()

@@ -2,14 +2,15 @@
 
     python -m loadtests.overhead [--quick] [--out DIR] [--workers 1,2] [--modes unary,stream]
                                  [--wrk] [--soak-seconds 180] [--peer-venv /tmp/litellm-venv]
-                                 [--portkey .peers/portkey]
+                                 [--floor] [--portkey .peers/portkey]
 
 Starts two zero-latency simulator instances (a static upstream), then `gateway serve` with
 loadtests/overhead.yaml (classification, routing and the exact cache on: every request carries a
 unique nonce, so the exact-cache lookup runs and misses and the answer is stored) for each worker
 count (2 workers share state through Redis under a unique key prefix), and runs
 `python -m loadtests.bench overhead` (direct vs gateway, interleaved) for non-streaming and
-streaming requests. It also runs the generator's own calibration, optionally Portkey's Node gateway
+streaming requests. It also runs the generator's own calibration, optionally two floors in front of
+the same upstream (a byte relay and a bare uvicorn + aiohttp forwarder), Portkey's Node gateway
 as a peer interleaved in every phase (installed by loadtests/peers/install_portkey.sh), optionally
 LiteLLM's proxy as a peer (1 worker, from a separate virtualenv, its own phase) and a soak at half
 the measured max throughput.
@@ -199,15 +200,15 @@ def portkey_peer(install: Path, fleet: Fleet) -> Iterator[list[str]]:
     cmd = ["node", str(server), f"--port={port}", "--headless"]
     with process(cmd, dict(os.environ), f"http://127.0.0.1:{port}/") as proc:
         for _ in range(20):
-            post(f"http://127.0.0.1:{port}/v1/chat/completions", PORTKEY_HEADERS(fleet))
+            post(f"http://127.0.0.1:{port}/v1/chat/completions", portkey_headers(fleet))
         args = ["--peer", f"portkey=http://127.0.0.1:{port}/v1", "--pid", f"portkey={proc.pid}"]
-        for k, v in PORTKEY_HEADERS(fleet).items():
+        for k, v in portkey_headers(fleet).items():
             args += ["--target-header", f"portkey={k}:{v}"]
         yield args
 
 
 @contextlib.contextmanager
-def relay_floor(fleet: Fleet) -> Iterator[list[str]]:
+def floors(fleet: Fleet) -> Iterator[list[str]]:
     """Two floors in front of zero-a: a byte relay (loadtests.tcp_relay: one extra hop) and the
     gateway's serving stack with nothing in it (loadtests.stack_floor: uvicorn + aiohttp)."""
     port = free_port()
@@ -228,7 +229,7 @@ def relay_floor(fleet: Fleet) -> Iterator[list[str]]:
         ]
 
 
-def PORTKEY_HEADERS(fleet: Fleet) -> dict[str, str]:  # noqa: N802 - reads as a constant
+def portkey_headers(fleet: Fleet) -> dict[str, str]:
     """Portkey's per-request routing: an OpenAI-compatible provider at the simulator's URL."""
     return {"x-portkey-provider": "openai", "x-portkey-custom-host": fleet.url("zero-a")}
 
@@ -290,7 +291,7 @@ def run(a: argparse.Namespace) -> None:
                 gateway(fleet, workers, a.redis_url) as (url, pids),
                 contextlib.ExitStack() as stack,
             ):
-                peer_args = stack.enter_context(relay_floor(fleet)) if a.floor else []
+                peer_args = stack.enter_context(floors(fleet)) if a.floor else []
                 if a.portkey:
                     peer_args += stack.enter_context(portkey_peer(a.portkey, fleet))
                 for mode in a.modes:

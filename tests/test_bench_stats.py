@@ -129,3 +129,24 @@ def test_wrk_output_parsing_and_script() -> None:
     assert out["lat_p50_ms"] == pytest.approx(0.21) and out["lat_p99_ms"] == 1500.0
     script = wrk.lua_script('{"a": "__NONCE__ x"}', "k")
     assert '[==[{"a": "]==]' in script and "Bearer k" in script
+
+
+def test_soak_drift_is_robust_to_one_slow_window() -> None:
+    from types import SimpleNamespace
+
+    from loadtests.bench.modes import _drift
+
+    rows = [
+        {"t_s": 10.0 * i, "lat_p50_ms": 1.0, "lat_p99_ms": 5.0, "req_per_s": 100.0, "errors": 0}
+        for i in range(100)
+    ]
+    rows[-1]["lat_p99_ms"] = 60.0  # one pause in the last window
+    rss = [100, 110, 120, 120, 120, 120, 120, 120, 120, 120, 120]  # fills, then flat
+    points = [
+        SimpleNamespace(t=100.0 * i, rss_bytes=mb * 2**20, cpu_s=0.0) for i, mb in enumerate(rss)
+    ]
+    sampler = SimpleNamespace(series={"gateway": points})
+    drift = {d["metric"]: d for d in _drift(rows, sampler, 1000.0, 10.0)}  # type: ignore[arg-type]
+    assert drift["lat_p99_ms"]["ratio"] == 1.0 and drift["lat_p99_ms"]["windows"] == 10
+    assert drift["gateway_rss_mb"]["ratio"] == 1.2
+    assert drift["gateway_rss_mb"]["ratio_after_warmup"] == pytest.approx(120 / 110)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 
@@ -191,17 +192,27 @@ def _attach_process(rows: list[Row], sampler: Sampler, t0: float, window_s: floa
 
 
 def _drift(rows: list[Row], sampler: Sampler, duration_s: float, window_s: float) -> list[Row]:
-    """Last complete window against the first, and RSS growth per process."""
+    """The end of the run against its start, and RSS growth per process.
+
+    Latency: the median over the last tenth of complete windows against the median over the first
+    tenth (one window each when there are fewer than 20): a single window's p99 rests on a few
+    requests and one pause would decide the comparison. RSS: last sample against the first, and
+    against the sample at the end of the first tenth (``ratio_after_warmup``: caches and pools
+    fill at the start and then should stay flat).
+    """
     full = [r for r in rows if float(r["t_s"]) + window_s <= duration_s + 1e-9]
     out: list[Row] = []
     if len(full) >= 2:
-        first, last = full[0], full[-1]
+        k = max(1, len(full) // 10)
         for key in ("lat_p50_ms", "lat_p99_ms", "req_per_s", "errors"):
-            a, z = float(first[key]), float(last[key])
-            out.append({"metric": key, "first": a, "last": z, "ratio": ratio(z, a)})
+            a = statistics.median(float(r[key]) for r in full[:k])
+            z = statistics.median(float(r[key]) for r in full[-k:])
+            out.append({"metric": key, "first": a, "last": z, "ratio": ratio(z, a), "windows": k})
     for name, series in sampler.series.items():
         if len(series) >= 2:
             a, z = series[0].rss_bytes / 2**20, series[-1].rss_bytes / 2**20
+            t_warm = series[0].t + (series[-1].t - series[0].t) / 10
+            warm = next(p for p in series if p.t >= t_warm).rss_bytes / 2**20
             hours = (series[-1].t - series[0].t) / 3600
             out.append(
                 {
@@ -209,6 +220,7 @@ def _drift(rows: list[Row], sampler: Sampler, duration_s: float, window_s: float
                     "first": a,
                     "last": z,
                     "ratio": ratio(z, a),
+                    "ratio_after_warmup": ratio(z, warm),
                     "mb_per_hour": (z - a) / hours if hours > 0 else math.nan,
                 }
             )

@@ -5,8 +5,9 @@
 #
 # Version 1.15.2 from npm. Its streaming path fails on Node 20 with "TypeError: immutable" when it
 # adds its x-portkey-* headers to a response whose headers are read-only (Portkey-AI/gateway issues
-# 1389 and 1550, fix proposed upstream in pull request 1551). The one edit below skips those headers
-# when they cannot be added and changes nothing else; non-streaming requests never take that branch.
+# 1389 and 1550; fixes proposed upstream in pull requests 1390 and 1551). The one edit below skips
+# those headers when they cannot be added and changes nothing else (where the headers are writable,
+# as for non-streaming answers, they are added as before).
 set -euo pipefail
 DIR=${1:-.peers/portkey}
 mkdir -p "$DIR"
