@@ -123,6 +123,10 @@ def test_access_log_line(fleet, gateway) -> None:
         r = httpx.post(
             gw.base_url + "/chat/completions", json=CHAT, headers={"x-request-id": "req-42"}
         )
+        # The line is written just after the response's last byte: give the server a moment.
+        deadline = time.monotonic() + 2.0
+        while not any("req-42" in x for x in lines) and time.monotonic() < deadline:
+            time.sleep(0.005)
     finally:
         logging.getLogger("gateway.access").removeHandler(handler)
     assert r.headers["x-request-id"] == "req-42"
