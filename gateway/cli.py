@@ -116,8 +116,9 @@ def serve(
 
 def _http_protocol(choice: str) -> Any:
     """httptools (with the gateway's connection-loss fix) when installed, else uvicorn's pick."""
-    if _installed(choice, "httptools") != "httptools":
-        return "auto" if choice == "httptools" else choice
+    resolved = _installed(choice, "httptools")
+    if resolved != "httptools":
+        return resolved
     from gateway.http_protocol import GatewayHttpProtocol
 
     return GatewayHttpProtocol
