@@ -266,6 +266,28 @@ class GatewayCollector(Collector):
         for guard, n in semantic.rejected.items():
             lookups.add_metric(["rejected", guard], n)
         yield lookups
+        stored, refused = semantic.store_stats()
+        stores = CounterMetricFamily(
+            "gateway_semantic_stores",
+            "Semantic cache stores: done, or refused with the reason (busy: embedding queue "
+            "full; too_long; too_big; error).",
+            labels=["outcome", "reason"],
+        )
+        stores.add_metric(["stored", ""], stored)
+        for reason, n in refused.items():
+            stores.add_metric(["refused", reason], n)
+        yield stores
+        if semantic.cache is not None:
+            size = GaugeMetricFamily(
+                "gateway_semantic_cache_size",
+                "Semantic cache size: entries, namespaces, bytes (counted against max_bytes).",
+                labels=["what"],
+            )
+            st = semantic.cache.stats()
+            for what in ("entries", "namespaces", "bytes"):
+                size.add_metric([what], st[what])
+            size.add_metric(["max_bytes"], semantic.cache.settings.max_bytes)
+            yield size
 
     def _policy(self) -> Iterator[Metric]:
         r = self.reloader

@@ -179,9 +179,12 @@ class Pipeline:
             return None
         exact = alias.cache.exact
         use_exact = exact.enabled and (acc.endpoint == "embeddings" or cacheable(acc.body, exact))
+        namespace = headers.get("x-gateway-cache-namespace", "")
         semantic = None
         if acc.endpoint == "chat":
-            semantic = self.semantic.plan(ctx.tenant, acc.model, acc.body, alias.cache.semantic)
+            semantic = self.semantic.plan(
+                ctx.tenant, acc.model, acc.body, alias.cache.semantic, namespace
+            )
         if not use_exact and semantic is None:
             return None
         ttl = exact.ttl_s
@@ -190,9 +193,10 @@ class Pipeline:
             ttl = int(ttl_header)
             if semantic is not None:
                 semantic.ttl_s = ttl
-        namespace = headers.get("x-gateway-cache-namespace", "")
         key = exact_key(ctx.tenant, acc.model, acc.endpoint, acc.body, namespace)
         ctx.cache = "miss"
+        if semantic is not None and "no-cache" in cc:
+            semantic.refresh = True
         return CachePlan(
             key, read="no-cache" not in cc, write=use_exact, ttl_s=ttl, semantic=semantic
         )
@@ -224,13 +228,16 @@ class Pipeline:
         events = completion_to_events(orjson.loads(body), include_usage)
         return Response(b"".join(events), headers=ctx.headers(), media_type="text/event-stream")
 
-    def _store(self, plan: CachePlan, body: bytes) -> None:
+    def _store(self, plan: CachePlan, body: bytes) -> asyncio.Task[bool] | None:
+        """Store the answer; returns the semantic store task of a refresh (to wait on)."""
         if plan.leader:
             self.flights.resolve(plan.key, body)
         if plan.write:
             asyncio.get_running_loop().create_task(self.exact.set(plan.key, body, plan.ttl_s))
         if plan.semantic is not None:
-            self.semantic.store(plan.semantic, body)
+            task = self.semantic.store(plan.semantic, body)
+            return task if plan.semantic.refresh else None
+        return None
 
     # -- dispatch -------------------------------------------------------------------------------
 
@@ -265,7 +272,11 @@ class Pipeline:
                 self._abort(plan, LeaderGone())
             raise
         if plan is not None:
-            self._store(plan, body)
+            refresh = self._store(plan, body)
+            if refresh is not None:
+                # Back-pressure: a burst of refreshes is slowed to the embedder's pace instead of
+                # losing stores. The store never raises; the wait is bounded by refresh_wait_s.
+                await asyncio.wait({refresh})
         return Response(body, headers={**headers, **ctx.headers()}, media_type=JSON)
 
     def _abort(self, plan: CachePlan, exc: BaseException) -> None:

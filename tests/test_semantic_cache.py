@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import numpy as np
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -245,3 +247,59 @@ async def test_redis_down_degrades_to_memory(worker: AsyncEmbedder) -> None:
     finally:
         await cache.aclose()
         await dead.aclose()
+
+
+def test_one_entry_namespaces_are_counted_and_bounded() -> None:
+    """Every conversation is its own namespace: their matrices count against max_bytes."""
+    import tracemalloc
+
+    from gateway.cache.semantic_index import Entry, SemanticIndex
+
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((6000, 384)).astype(np.float32)
+    texts = [f"What should I pack for trip number {i}?" for i in range(len(vecs))]
+    bound = 4_000_000
+    index = SemanticIndex(384, 10**6, bound)
+    tracemalloc.start()
+    for i, (text, vec) in enumerate(zip(texts, vecs, strict=True)):
+        ns = f"t\x1fchat\x1f{i:024x}"
+        index.add(Entry(f"{i:032x}", ns, text, vec, b"x" * 300, 1e12), 0.0)
+        assert index.nbytes <= bound
+    traced = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert index.evicted > 0 and index.namespaces == len(index)  # evicted namespaces are gone
+    # what the index really holds is no more than what it counts (texts were allocated before)
+    assert traced <= index.nbytes
+    for entry_id in list(index._entries):
+        index.remove(entry_id)
+    assert index.nbytes == 0 and index.namespaces == 0
+
+
+class _SlowEmbedder:
+    name = "slow"
+    dim = 384
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        time.sleep(0.01)
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        out[:, 0] = 1.0
+        return out
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+
+async def test_refused_stores_are_counted_and_refresh_waits() -> None:
+    slow = AsyncEmbedder(_SlowEmbedder(), batch_max=1, queue_max=1)  # type: ignore[arg-type]
+    try:
+        cache = SemanticCache(_settings(), worker=slow)
+        done = await asyncio.gather(*(cache.store(NS, f"question {i}", b"a") for i in range(8)))
+        assert not all(done)
+        assert cache.refused.get("busy", 0) == done.count(False) > 0
+        assert cache.stored == done.count(True)
+        waited = await asyncio.gather(
+            *(cache.store(NS, f"refresh {i}", b"a", wait_s=5.0) for i in range(8))
+        )
+        assert all(waited) and cache.stored == done.count(True) + 8
+    finally:
+        slow.close()

@@ -69,16 +69,31 @@ class AsyncEmbedder:
         result: np.ndarray = await self.submit(texts, None)
         return result
 
-    async def submit(self, texts: list[str], then: Callable[[np.ndarray | None], T] | None) -> T:
-        """Embed `texts` (may be empty) on the worker, then run `then(vectors)` there too."""
+    async def submit(
+        self,
+        texts: list[str],
+        then: Callable[[np.ndarray | None], T] | None,
+        wait_s: float = 0.0,
+    ) -> T:
+        """Embed `texts` (may be empty) on the worker, then run `then(vectors)` there too.
+
+        A full queue raises `EmbedderBusy` at once, or after waiting up to `wait_s` for room:
+        back-pressure for work that must not be dropped (the caller is slowed, not refused).
+        """
         if self._closed:
             raise EmbedderBusy("embedder closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        try:
-            self._queue.put_nowait(_Job(texts, then, loop, future))
-        except queue.Full:
-            raise EmbedderBusy("embedding queue full") from None
+        job = _Job(texts, then, loop, future)
+        deadline = loop.time() + wait_s
+        while True:
+            try:
+                self._queue.put_nowait(job)
+                break
+            except queue.Full:
+                if self._closed or loop.time() >= deadline:
+                    raise EmbedderBusy("embedding queue full") from None
+                await asyncio.sleep(0.002)
         return await future
 
     async def call(self, fn: Callable[[], T]) -> T:

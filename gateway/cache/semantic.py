@@ -151,6 +151,9 @@ class SemanticCache:
         )
         self._listener: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[bool]] = set()
+        self.stored = 0
+        self.refused: dict[str, int] = {}
+        """Stores refused, by reason: busy (queue full), too_long, too_big, error."""
         self.ready = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -240,43 +243,57 @@ class SemanticCache:
         response: bytes,
         ttl_s: float | None = None,
         vector: np.ndarray | None = None,
+        wait_s: float = 0.0,
     ) -> bool:
-        """Cache `response` as the answer to `text`; False when skipped. Never raises."""
+        """Cache `response` as the answer to `text`; False when refused. Never raises.
+
+        Every refusal is counted in `refused` by reason. With `wait_s` > 0 a full embedding
+        queue is waited on (back-pressure) instead of refusing the store at once.
+        """
         s = self.settings
-        if not s.enabled or not text or len(text) > s.max_tokens * 8:
+        if not s.enabled:
             return False
+        if not text or len(text) > s.max_tokens * 8:
+            return self._refuse("too_long" if text else "no_text")
         ttl = s.ttl_s if ttl_s is None else ttl_s
         now = self._clock()
         entry_id = entry_id_for(namespace, text)
 
-        def add(vectors: np.ndarray | None) -> Entry | None:
+        def add(vectors: np.ndarray | None) -> Entry | str:
+            """The entry stored, or why it was refused."""
             vec = vector if vectors is None else vectors[0]
             assert vec is not None
             if (
                 len(text) >= s.max_tokens - 2
                 and self.worker.embedder.count_tokens(text) > s.max_tokens
             ):
-                return None
+                return "too_long"
             # copy: a row view would keep the whole batch array alive as long as the entry
             entry = Entry(entry_id, namespace, text, vec.copy(), response, now + ttl)
-            self.index.add(entry, now)
-            return entry
+            return entry if self.index.add(entry, now) else "too_big"
 
         try:
-            entry = await self.worker.submit([] if vector is not None else [text], add)
+            entry = await self.worker.submit(
+                [] if vector is not None else [text], add, wait_s=wait_s
+            )
         except EmbedderBusy:
-            return False
+            return self._refuse("busy")
         except Exception:
             log.exception("semantic cache store failed")
-            return False
-        if entry is None:
-            return False
+            return self._refuse("error")
+        if isinstance(entry, str):
+            return self._refuse(entry)
+        self.stored += 1
         if self.store_backend is not None and self.store_backend.available():
             # Persist in the background: a slow or dead Redis must not delay the response.
             task = asyncio.create_task(self.store_backend.put(entry, ttl))
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
         return True
+
+    def _refuse(self, reason: str) -> bool:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        return False
 
     async def flush(self) -> None:
         """Wait for the Redis writes still in flight (tests, shutdown)."""
@@ -328,4 +345,5 @@ class SemanticCache:
             "evicted": self.index.evicted,
             "expired": self.index.expired,
             "redis_errors": self.store_backend.errors if self.store_backend else 0,
+            "stored": self.stored,
         }

@@ -8,11 +8,17 @@ Each namespace keeps its vectors in one contiguous float32 matrix that FAISS sea
 `IndexIDMap(IndexFlatIP)` makes a delete an O(dim) swap with the last row, where `remove_ids`
 rewrites the whole index: TTL expiry and LRU eviction happen on every insert once the cache is
 full, so deletes must be cheap.
+
+Every byte is counted against `max_bytes`: entries (text, response, bookkeeping) and each
+namespace's matrix at its allocated capacity plus its fixed cost. Most namespaces hold one entry
+(every conversation context is its own namespace), so a matrix starts at one row and doubles;
+a namespace disappears with its last entry, and cold namespaces empty through LRU eviction.
 """
 
 from __future__ import annotations
 
 import heapq
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -20,8 +26,12 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
-#: Bookkeeping per entry beyond vector, text and response (dict slots, object headers).
-_ENTRY_OVERHEAD = 256
+#: Bookkeeping per entry beyond text and response: the Entry object, its id string, its slots in
+#: the LRU dict, the row dict and the expiry heap (measured with tracemalloc, rounded up).
+_ENTRY_OVERHEAD = 640
+#: Fixed cost of a namespace: its dict slot, key string, _Space object, id list, array header.
+_SPACE_OVERHEAD = 480
+_NO_VECTOR = np.zeros(0, dtype=np.float32)
 
 
 @dataclass(slots=True)
@@ -31,14 +41,20 @@ class Entry:
     entry_id: str
     namespace: str
     text: str
-    vector: np.ndarray  # (dim,) float32, unit norm
+    vector: np.ndarray  # (dim,) float32, unit norm; empty once in the index (the matrix has it)
     response: bytes
     expires_at: float  # wall-clock seconds, shared between replicas
 
     @property
     def nbytes(self) -> int:
-        # the vector is held twice: here (for Redis) and as a row of the namespace matrix
-        return 2 * self.vector.nbytes + len(self.text) + len(self.response) + _ENTRY_OVERHEAD
+        """Memory of the entry itself; its vector row is counted with its namespace."""
+        return (
+            sys.getsizeof(self.text)
+            + sys.getsizeof(self.namespace)
+            + sys.getsizeof(self.response)
+            + self.vector.nbytes
+            + _ENTRY_OVERHEAD
+        )
 
 
 _local = threading.local()
@@ -61,9 +77,13 @@ class _Space:
     __slots__ = ("ids", "n", "vecs")
 
     def __init__(self, dim: int) -> None:
-        self.vecs = np.empty((16, dim), dtype=np.float32)
+        self.vecs = np.empty((1, dim), dtype=np.float32)
         self.ids: list[str] = []
         self.n = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.vecs.nbytes + 8 * len(self.ids) + _SPACE_OVERHEAD
 
     def add(self, entry_id: str, vector: np.ndarray) -> int:
         if self.n == len(self.vecs):
@@ -85,7 +105,7 @@ class _Space:
             moved = self.ids[row]
         self.ids.pop()
         self.n = last
-        if len(self.vecs) > 16 and self.n < len(self.vecs) // 4:
+        if len(self.vecs) > 1 and self.n <= len(self.vecs) // 4:
             self.vecs = self.vecs[: len(self.vecs) // 2].copy()  # give memory back
         return moved
 
@@ -128,35 +148,54 @@ class SemanticIndex:
         """Bytes held by the vector matrices (allocated capacity, not only live rows)."""
         return sum(s.vecs.nbytes for s in self._spaces.values())
 
-    def add(self, entry: Entry, now: float) -> None:
-        """Insert or replace an entry, then enforce TTL and the memory bounds."""
+    def add(self, entry: Entry, now: float) -> bool:
+        """Insert or replace an entry, then enforce TTL and the memory bounds.
+
+        False when refused: expired already, a vector of another size, or bigger on its own than
+        the whole bound.
+        """
         if entry.expires_at <= now or entry.vector.shape != (self.dim,):
-            return
+            return False
+        # The matrix row is the only copy kept of the vector (the caller's entry keeps its own).
+        stored = Entry(
+            entry.entry_id, entry.namespace, entry.text, _NO_VECTOR, entry.response,
+            entry.expires_at,
+        )  # fmt: skip
+        if stored.nbytes + _SPACE_OVERHEAD + 4 * self.dim * 2 > self.max_bytes:
+            return False
         if entry.entry_id in self._entries:
             self.remove(entry.entry_id)
         space = self._spaces.get(entry.namespace)
         if space is None:
             space = self._spaces[entry.namespace] = _Space(self.dim)
+            self.nbytes += space.nbytes
+        before = space.nbytes
         self._rows[entry.entry_id] = space.add(entry.entry_id, entry.vector)
-        self._entries[entry.entry_id] = entry
-        self.nbytes += entry.nbytes
+        self.nbytes += space.nbytes - before
+        self._entries[entry.entry_id] = stored
+        self.nbytes += stored.nbytes
         heapq.heappush(self._expiry, (entry.expires_at, entry.entry_id))
         self.expire(now)
         while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
             self.remove(next(iter(self._entries)))
             self.evicted += 1
+        return entry.entry_id in self._entries
 
     def remove(self, entry_id: str) -> bool:
         entry = self._entries.pop(entry_id, None)
         if entry is None:
             return False
         space = self._spaces[entry.namespace]
+        before = space.nbytes
         row = self._rows.pop(entry_id)
         moved = space.remove(row)
         if moved is not None:
             self._rows[moved] = row
         if space.n == 0:
-            del self._spaces[entry.namespace]
+            del self._spaces[entry.namespace]  # an empty namespace costs nothing
+            self.nbytes -= before
+        else:
+            self.nbytes -= before - space.nbytes
         self.nbytes -= entry.nbytes
         return True
 

@@ -29,6 +29,8 @@ class SemanticPlan:
     threshold: float | None
     ttl_s: float | None
     vector: Any = None
+    refresh: bool = False
+    """Cache-Control: no-cache: the answer replaces the entry, its store applies back-pressure."""
 
 
 class SemanticLayer:
@@ -42,6 +44,7 @@ class SemanticLayer:
         self.hits = 0
         self.misses = 0
         self.rejected: dict[str, int] = {}
+        self._stores: set[asyncio.Task[bool]] = set()
 
     @property
     def ready(self) -> bool:
@@ -79,8 +82,18 @@ class SemanticLayer:
             await self._redis.aclose()
 
     def plan(
-        self, tenant: str, alias: str, body: dict[str, Any], route: SemanticRoute
+        self,
+        tenant: str,
+        alias: str,
+        body: dict[str, Any],
+        route: SemanticRoute,
+        namespace: str = "",
     ) -> SemanticPlan | None:
+        """What to look up, or None when this request is not semantically cacheable.
+
+        `namespace` is the caller's `x-gateway-cache-namespace`: it keys the semantic cache like
+        tenant, alias, earlier turns and answer-changing parameters do.
+        """
         if self.cache is None or not route.enabled:
             return None
         if not route.allow_nonzero_temperature and body.get("temperature", 1) != 0:
@@ -92,6 +105,8 @@ class SemanticLayer:
         if not text:
             return None
         params = {k: v for k, v in body.items() if k not in _NOT_PARAMS}
+        if namespace:
+            params["\x00namespace"] = namespace  # cannot collide with a request field
         return SemanticPlan(
             namespace_for(tenant, alias, messages, params), text, route.threshold, route.ttl_s
         )
@@ -110,8 +125,27 @@ class SemanticLayer:
             self.misses += 1
         return None
 
-    def store(self, plan: SemanticPlan, body: bytes) -> None:
-        if self.cache is not None:
-            asyncio.get_running_loop().create_task(
-                self.cache.store(plan.namespace, plan.text, body, plan.ttl_s, vector=plan.vector)
+    def store(self, plan: SemanticPlan, body: bytes) -> asyncio.Task[bool] | None:
+        """Store in the background; the task is returned so a refresh can wait for it.
+
+        A refresh (`Cache-Control: no-cache`) exists to replace the entry, so its store waits for
+        room in the embedding queue (up to `refresh_wait_s`) instead of being dropped; the other
+        stores are refused at once when the queue is full (counted in `refused`).
+        """
+        if self.cache is None:
+            return None
+        wait_s = self.settings.refresh_wait_s if plan.refresh else 0.0
+        task = asyncio.get_running_loop().create_task(
+            self.cache.store(
+                plan.namespace, plan.text, body, plan.ttl_s, vector=plan.vector, wait_s=wait_s
             )
+        )
+        self._stores.add(task)
+        task.add_done_callback(self._stores.discard)
+        return task
+
+    def store_stats(self) -> tuple[int, dict[str, int]]:
+        """Stores done and stores refused by reason (for metrics)."""
+        if self.cache is None:
+            return 0, {}
+        return self.cache.stored, dict(self.cache.refused)

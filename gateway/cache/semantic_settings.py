@@ -51,6 +51,9 @@ class SemanticSettings(BaseModel):
     """Most queued texts embedded together in one model call."""
     queue_max: int = Field(default=256, ge=1)
     """Jobs waiting for the embedding thread; beyond this a lookup is a miss ("busy")."""
+    refresh_wait_s: float = Field(default=10.0, ge=0, le=60)
+    """A `Cache-Control: no-cache` refresh waits up to this long for room in the embedding queue
+    to store its answer (and its response waits for that store): back-pressure, not a drop."""
     redis_prefix: str = "gw:sem:"
     redis_channel: str = "gw:sem:new"
     redis_timeout_s: float = Field(default=1.0, gt=0)

@@ -1,0 +1,171 @@
+"""The semantic cache keys on everything that changes the answer, through the HTTP API.
+
+One question is cached under a base request; the same text and a paraphrase must then hit under
+the base request and miss under a request that differs in exactly one of: the
+`x-gateway-cache-namespace` header, the tenant (API key), the model alias, the earlier turns, or
+an answer-changing parameter. Refreshes and refused stores are visible in /metrics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import GatewayServer
+
+pytest.importorskip("faiss", reason="the semantic extra is not installed")
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+QUESTION = "What is the best time of year to visit Iceland?"
+PARAPHRASE = "When is the best time of the year to visit Iceland?"
+
+
+def policy(fleet: Any) -> str:
+    return f"""
+auth:
+  keys:
+    - {{tenant: t1, key_sha256: {hashlib.sha256(b"key-1").hexdigest()}}}
+    - {{tenant: t2, key_sha256: {hashlib.sha256(b"key-2").hexdigest()}}}
+providers:
+  p: {{base_url: '{fleet.url("a")}'}}
+pools:
+  main: {{members: [p]}}
+models:
+  chat:
+    pool: main
+    cache:
+      exact: {{enabled: false}}
+      semantic: {{enabled: true}}
+  chat-b:
+    pool: main
+    cache:
+      exact: {{enabled: false}}
+      semantic: {{enabled: true}}
+"""
+
+
+@pytest.fixture(scope="module")
+def gw(fleet: Any) -> Iterator[GatewayServer]:
+    """One gateway (in-memory semantic cache) for the module: the model loads once."""
+    with GatewayServer(policy(fleet)) as server:
+        yield server
+
+
+def ask(
+    gw: GatewayServer,
+    question: str,
+    *,
+    key: str = "key-1",
+    model: str = "chat",
+    earlier: list[dict] | None = None,
+    namespace: str | None = None,
+    extra: dict | None = None,
+    cache_control: str | None = None,
+) -> httpx.Response:
+    body = {
+        "model": model,
+        "messages": [SYSTEM, *(earlier or []), {"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": 8,
+        **(extra or {}),
+    }
+    headers = {"authorization": f"Bearer {key}"}
+    if namespace is not None:
+        headers["x-gateway-cache-namespace"] = namespace
+    if cache_control is not None:
+        headers["cache-control"] = cache_control
+    r = httpx.post(gw.base_url + "/chat/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def cached_then_hit(gw: GatewayServer, **base: Any) -> dict:
+    """Cache QUESTION under `base` (must be a miss), wait until the paraphrase is served from it.
+
+    Returns the cached answer (the simulator's answers carry unique ids, so bodies tell which
+    entry served a hit).
+    """
+    first = ask(gw, QUESTION, **base)
+    assert first.headers["x-gateway-cache"] == "miss"
+    deadline = time.monotonic() + 5
+    while True:
+        r = ask(gw, PARAPHRASE, **base)
+        if r.headers["x-gateway-cache"] == "hit-semantic":
+            assert r.json() == first.json()
+            return first.json()
+        assert time.monotonic() < deadline, "the stored entry never became a hit"
+        time.sleep(0.05)
+
+
+VARIANTS: dict[str, tuple[dict, dict]] = {
+    "namespace header": ({"namespace": "team-a"}, {"namespace": "team-b"}),
+    "no namespace header vs one": ({}, {"namespace": "team-b"}),
+    "tenant": ({}, {"key": "key-2"}),
+    "alias": ({}, {"model": "chat-b"}),
+    "earlier turns": (
+        {
+            "earlier": [
+                {"role": "user", "content": "I live in Norway."},
+                {"role": "assistant", "content": "Noted."},
+            ]
+        },
+        {
+            "earlier": [
+                {"role": "user", "content": "I live in Peru."},
+                {"role": "assistant", "content": "Noted."},
+            ]
+        },
+    ),  # fmt: skip
+    "response_format": ({}, {"extra": {"response_format": {"type": "json_object"}}}),
+    "tools": (
+        {},
+        {"extra": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}},
+    ),
+    "max_tokens": ({}, {"extra": {"max_tokens": 9}}),
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_semantic_cache_isolates(gw: GatewayServer, name: str) -> None:
+    base, other = VARIANTS[name]
+    # A fresh namespace per case so the cases do not see each other's entries.
+    salt = {"role": "user", "content": f"case {name} {uuid.uuid4().hex}"}
+    base = {**base, "earlier": [salt, *base.get("earlier", [])]}
+    other = {**base, **other, "earlier": [salt, *other.get("earlier", base["earlier"][1:])]}
+    answer = cached_then_hit(gw, **base)
+    # The same text under the other request misses; its own answer is cached and served to its
+    # paraphrase, never the base's answer.
+    assert cached_then_hit(gw, **other) != answer
+    r = ask(gw, QUESTION, **base)
+    assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+
+
+def _metric(gw: GatewayServer, line_start: str) -> float:
+    text = httpx.get(gw.url + "/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_refresh_replaces_the_entry_and_stores_are_counted(gw: GatewayServer) -> None:
+    ns = {"namespace": f"refresh-{uuid.uuid4().hex}"}
+    stored_before = _metric(gw, 'gateway_semantic_stores_total{outcome="stored"')
+    cached_then_hit(gw, **ns)
+    # A refresh goes upstream and its store has happened when the response arrives.
+    r = ask(gw, PARAPHRASE, cache_control="no-cache", **ns)
+    assert r.headers["x-gateway-cache"] == "miss"
+    stored_after = _metric(gw, 'gateway_semantic_stores_total{outcome="stored"')
+    assert stored_after >= stored_before + 2
+    hit = ask(gw, PARAPHRASE, **ns)
+    assert hit.headers["x-gateway-cache"] == "hit-semantic"
+    assert float(hit.headers["x-gateway-cache-similarity"]) > 0.999  # the refreshed entry
+    size = _metric(gw, 'gateway_semantic_cache_size{what="bytes"}')
+    assert 0 < size <= _metric(gw, 'gateway_semantic_cache_size{what="max_bytes"}')
