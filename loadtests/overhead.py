@@ -2,7 +2,7 @@
 
     python -m loadtests.overhead [--quick] [--out DIR] [--workers 1,2] [--modes unary,stream]
                                  [--wrk] [--soak-seconds 180] [--peer-venv /tmp/litellm-venv]
-                                 [--floor] [--portkey .peers/portkey]
+                                 [--floor] [--portkey .peers/portkey] [--baseline REV]
 
 Starts two zero-latency simulator instances (a static upstream), then `gateway serve` with
 loadtests/overhead.yaml (classification, routing and the exact cache on: every request carries a
@@ -13,7 +13,8 @@ streaming requests. It also runs the generator's own calibration, optionally two
 the same upstream (a byte relay and a bare uvicorn + aiohttp forwarder), Portkey's Node gateway
 as a peer interleaved in every phase (installed by loadtests/peers/install_portkey.sh), optionally
 LiteLLM's proxy as a peer (1 worker, from a separate virtualenv, its own phase) and a soak at half
-the measured max throughput.
+the measured max throughput. `--baseline REV` also runs the gateway built from another commit
+(same policy file of that commit) interleaved in every phase: the side-by-side old-vs-new check.
 Everything lands in --out (one folder per phase plus summary.md).
 """
 
@@ -76,9 +77,11 @@ def child_pids(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def process(cmd: list[str], env: dict[str, str], health: str) -> Iterator[subprocess.Popen[bytes]]:
+def process(
+    cmd: list[str], env: dict[str, str], health: str, cwd: Path = ROOT
+) -> Iterator[subprocess.Popen[bytes]]:
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         try:
             try:
                 wait_http(health, proc)
@@ -97,12 +100,17 @@ def process(cmd: list[str], env: dict[str, str], health: str) -> Iterator[subpro
 
 
 @contextlib.contextmanager
-def gateway(fleet: Fleet, workers: int, redis_url: str | None) -> Iterator[tuple[str, list[int]]]:
-    """`gateway serve` in front of the fleet; yields (base URL, PIDs of the serving processes)."""
+def gateway(
+    fleet: Fleet, workers: int, redis_url: str | None, root: Path = ROOT
+) -> Iterator[tuple[str, list[int]]]:
+    """`gateway serve` (the code under `root`) in front of the fleet.
+
+    Yields (base URL, PIDs of the serving processes).
+    """
     port = free_port()
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(root),
         "OVERHEAD_URL_A": fleet.url("zero-a"),
         "OVERHEAD_URL_B": fleet.url("zero-b"),
     }
@@ -113,8 +121,9 @@ def gateway(fleet: Fleet, workers: int, redis_url: str | None) -> Iterator[tuple
         env["REDIS_URL"] = redis_url
         env["GATEWAY_REDIS_PREFIX"] = f"overhead-{uuid.uuid4().hex[:8]}:"
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
-    cmd += ["--policy", str(POLICY), "--workers", str(workers), "--log-level", "warning"]
-    with process(cmd, env, f"http://127.0.0.1:{port}/health") as proc:
+    policy = root / POLICY.relative_to(ROOT)
+    cmd += ["--policy", str(policy), "--workers", str(workers), "--log-level", "warning"]
+    with process(cmd, env, f"http://127.0.0.1:{port}/health", cwd=root) as proc:
         pids = [proc.pid]
         if workers > 1:
             deadline = time.monotonic() + 30
@@ -229,6 +238,29 @@ def floors(fleet: Fleet) -> Iterator[list[str]]:
         ]
 
 
+@contextlib.contextmanager
+def baseline_tree(rev: str) -> Iterator[Path]:
+    """The gateway's code at another commit (``git archive``), for old-vs-new runs."""
+    with tempfile.TemporaryDirectory(prefix="overhead-baseline-") as tmp:
+        archive = subprocess.run(
+            ["git", "archive", "--format=tar", rev], cwd=ROOT, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        yield Path(tmp)
+
+
+@contextlib.contextmanager
+def baseline_peer(
+    tree: Path | None, fleet: Fleet, workers: int, redis_url: str | None
+) -> Iterator[list[str]]:
+    """The same gateway set-up built from the baseline commit, measured as a peer."""
+    if tree is None:
+        yield []
+        return
+    with gateway(fleet, workers, redis_url, root=tree) as (url, pids):
+        yield ["--peer", f"baseline={url}", *pid_args(pids, "baseline")]
+
+
 def portkey_headers(fleet: Fleet) -> dict[str, str]:
     """Portkey's per-request routing: an OpenAI-compatible provider at the simulator's URL."""
     return {"x-portkey-provider": "openai", "x-portkey-custom-host": fleet.url("zero-a")}
@@ -283,6 +315,8 @@ def run(a: argparse.Namespace) -> None:
             {"name": "zero-b", "profile": "zero-latency"},
         ]
     )
+    stack0 = contextlib.ExitStack()
+    tree = stack0.enter_context(baseline_tree(a.baseline)) if a.baseline else None
     try:
         direct = fleet.url("zero-a")
         sim_pid = ["--pid", f"simulator={fleet.pid}"] if fleet.pid else []
@@ -292,6 +326,7 @@ def run(a: argparse.Namespace) -> None:
                 contextlib.ExitStack() as stack,
             ):
                 peer_args = stack.enter_context(floors(fleet)) if a.floor else []
+                peer_args += stack.enter_context(baseline_peer(tree, fleet, workers, a.redis_url))
                 if a.portkey:
                     peer_args += stack.enter_context(portkey_peer(a.portkey, fleet))
                 for mode in a.modes:
@@ -322,6 +357,7 @@ def run(a: argparse.Namespace) -> None:
                     results["w1-soak"] = bench(soak, out / "w1-soak", a.soak_seconds + 300)
     finally:
         fleet.close()
+        stack0.close()
     (out / "summary.md").write_text(summarize(results))
     print((out / "summary.md").read_text())
 
@@ -439,6 +475,12 @@ def main() -> None:
         type=Path,
         default=None,
         help="Portkey install (loadtests/peers/install_portkey.sh DIR) to run as a peer.",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="REV",
+        help="Also run the gateway built from commit REV as a peer (old vs new, interleaved).",
     )
     a = p.parse_args()
     if a.wrk and shutil.which("wrk") is None:
