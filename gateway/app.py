@@ -49,7 +49,9 @@ def _rules_path(policy: Policy, policy_path: str | None) -> Path | None:
         return None
     p = Path(rules)
     if not p.is_absolute() and policy_path:
-        p = Path(policy_path).resolve().parent / p
+        # Not resolve(): a ConfigMap volume's policy.yaml is a symlink into a timestamped folder,
+        # and the rules path is relative to where the policy is mounted, not to that folder.
+        p = Path(os.path.abspath(policy_path)).parent / p
     return p
 
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gateway.cache.exact import ExactSettings
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
 from gateway.classify import ClassRule
+from gateway.replicas import ReplicaSettings
 from gateway.resilience.admission import QueueSettings
 from gateway.resilience.breaker import BreakerSettings
 from gateway.resilience.retry import RetrySettings
@@ -151,6 +152,7 @@ class Policy(Strict):
         default_factory=SemanticSettings,
         description="The semantic cache engine, started when an alias enables cache.semantic.",
     )
+    replicas: ReplicaSettings = ReplicaSettings()
     providers: dict[Name, Provider] = Field(min_length=1)
     pools: dict[Name, Pool] = Field(min_length=1)
     models: dict[Name, Alias] = Field(min_length=1)

@@ -91,12 +91,17 @@ class PolicyReloader:
     async def _watch(self) -> None:
         assert self.path is not None
         folder = os.path.dirname(os.path.abspath(self.path))
-        name = self.path.name
-        # Watch the folder: editors and config maps replace files rather than write in place.
-        async for changes in awatch(
+        seen = file_signature(self.path)
+        # Watch the folder: editors replace files rather than write in place, and a Kubernetes
+        # ConfigMap volume swaps its `..data` symlink to a new timestamped folder, so the event
+        # names `..data`, never the policy file (whose own symlink does not change). Any event
+        # in the folder reloads when what the path resolves to changed.
+        async for _changes in awatch(
             folder, debounce=200, step=50, rust_timeout=1000, recursive=False
         ):
-            if any(os.path.basename(p) == name for _, p in changes):
+            now = file_signature(self.path)
+            if now != seen:
+                seen = now
                 self.reload()
 
     async def _subscribe(self) -> None:
@@ -129,6 +134,16 @@ class PolicyReloader:
         if msg.get("origin") == self.replica_id:
             return
         self.reload(text=msg.get("text", ""), source=f"replica {msg.get('origin')}", publish=False)
+
+
+def file_signature(path: Path) -> tuple[str, int, int, int] | None:
+    """What `path` resolves to now: real path, inode, size and modification time."""
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return None
+    return real, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def replica_id() -> str:
