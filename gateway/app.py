@@ -21,6 +21,7 @@ from starlette.responses import Response
 from gateway import errors, metrics
 from gateway.admin import AdminViews, admin_router, dashboard_router, require_admin
 from gateway.cache.semantic_layer import SemanticLayer
+from gateway.drain import Drain
 from gateway.errors import GatewayError
 from gateway.fallback import Fallbacks
 from gateway.health import Reachability
@@ -96,6 +97,7 @@ def create_app(
     collector = metrics.GatewayCollector(request_metrics, runtime, pipeline, fallbacks, reloader)
     registry = metrics.make_registry(collector)
     reachability = Reachability(runtime)
+    drain = Drain()
     views = AdminViews(runtime, pipeline, reloader, recent, policy_path or "embedded")
 
     @asynccontextmanager
@@ -107,6 +109,7 @@ def create_app(
             )
         if state.enabled:
             log.info("shared state: Redis enabled")
+        drain.install()
         reloader.start()
         reachability.start()
         await fallbacks.start(pipeline.replay_send)
@@ -115,6 +118,7 @@ def create_app(
         if shared_breakers is not None:
             await shared_breakers.start()
         yield
+        drain.uninstall()
         if shared_breakers is not None:
             await shared_breakers.stop()
         await fallbacks.stop()
@@ -132,6 +136,7 @@ def create_app(
     app.state.pipeline = pipeline
     app.state.reloader = reloader
     app.state.views = views
+    app.state.drain = drain
     app.include_router(admin_router(views))
     app.include_router(dashboard_router())
 
@@ -209,8 +214,11 @@ def create_app(
 
     @app.get("/ready")
     async def ready() -> Response:
-        """Policy loaded and a provider reachable (cached probes and breakers: no network)."""
+        """Policy loaded and a provider reachable (cached probes and breakers: no network);
+        never while draining."""
         ok, detail = reachability.report()
+        if drain.draining:
+            return _json({"status": "draining", **detail}, 503)
         return _json({"status": "ready" if ok else "not_ready", **detail}, 200 if ok else 503)
 
     @app.get("/metrics")

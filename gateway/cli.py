@@ -87,11 +87,12 @@ def serve(
             "No policy given: serving the built-in demo over SIMULATED providers (%s).", policy
         )
     try:
-        load_policy(policy)
+        loaded = load_policy(policy)
     except PolicyError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(2) from None
     os.environ["GATEWAY_POLICY"] = str(policy)
+    os.environ["GATEWAY_WORKERS"] = str(workers)  # each worker's share of the limits
     try:
         uvicorn.run(
             "gateway.server:build_app",
@@ -104,6 +105,8 @@ def serve(
             loop=_installed(loop, "uvloop"),
             http=_http_protocol(http),
             backlog=backlog,
+            # SIGTERM: stop accepting, finish requests and streams for up to drain_s, then exit.
+            timeout_graceful_shutdown=loaded.replicas.drain_s,
         )
     finally:
         if fleet is not None:

@@ -1,0 +1,59 @@
+"""Draining on SIGTERM: report not ready at once, then let uvicorn stop accepting and finish the
+requests and streams in flight for up to the policy's `replicas.drain_s` (its graceful-shutdown
+timeout, set by `gateway serve`), then exit.
+
+uvicorn owns SIGTERM/SIGINT (it installs its handlers before the app starts); the app chains its
+own in front so `/ready` says "draining" from the first moment, including on keep-alive
+connections that are still open and to probes that reach a worker before its listener closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("gateway.drain")
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Drain:
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def draining(self) -> bool:
+        return self.since is not None
+
+    def begin(self, reason: str = "SIGTERM") -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning("%s: draining (not ready; finishing requests in flight)", reason)
+
+    def install(self) -> None:
+        """Chain in front of the current handlers (uvicorn's). Main thread only; elsewhere (an
+        app served from a thread, as in tests) nothing is installed."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in _SIGNALS:
+            with contextlib.suppress(ValueError, OSError):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _handle(self, sig: int, frame: FrameType | None) -> None:
+        self.begin(signal.Signals(sig).name)
+        previous = self._previous.get(sig)
+        if callable(previous):
+            previous(sig, frame)
+        elif previous == signal.SIG_DFL:
+            raise SystemExit(128 + sig)
