@@ -26,6 +26,7 @@ from gateway.errors import GatewayError
 from gateway.fallback import Fallbacks
 from gateway.health import Reachability
 from gateway.logs import AccessLog
+from gateway.metrics_workers import WorkerMetrics
 from gateway.pipeline import Pipeline
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
@@ -96,6 +97,7 @@ def create_app(
         pipeline.observe(observer)
     collector = metrics.GatewayCollector(request_metrics, runtime, pipeline, fallbacks, reloader)
     registry = metrics.make_registry(collector)
+    workers_metrics = WorkerMetrics.from_env(registry)  # several workers: one scrape for all
     reachability = Reachability(runtime)
     drain = Drain()
     views = AdminViews(runtime, pipeline, reloader, recent, policy_path or "embedded")
@@ -112,6 +114,8 @@ def create_app(
         drain.install()
         reloader.start()
         reachability.start()
+        if workers_metrics is not None:
+            workers_metrics.start()
         await fallbacks.start(pipeline.replay_send)
         if any(m.cache.semantic.enabled for m in policy.models.values()):
             await semantic.start()
@@ -119,6 +123,8 @@ def create_app(
             await shared_breakers.start()
         yield
         drain.uninstall()
+        if workers_metrics is not None:
+            await workers_metrics.stop()
         if shared_breakers is not None:
             await shared_breakers.stop()
         await fallbacks.stop()
@@ -224,6 +230,8 @@ def create_app(
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
         collector.deferred_length = await _deferred_length(fallbacks)
+        if workers_metrics is not None:
+            return Response(workers_metrics.render(), media_type=metrics.CONTENT_TYPE)
         return Response(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
 
     @app.get("/v1/gateway/deferred/{request_id}")

@@ -93,6 +93,7 @@ def serve(
         raise typer.Exit(2) from None
     os.environ["GATEWAY_POLICY"] = str(policy)
     os.environ["GATEWAY_WORKERS"] = str(workers)  # each worker's share of the limits
+    metrics_tmp = _metrics_dir(workers)
     try:
         uvicorn.run(
             "gateway.server:build_app",
@@ -109,12 +110,34 @@ def serve(
             timeout_graceful_shutdown=loaded.replicas.drain_s,
         )
     finally:
+        if metrics_tmp is not None:
+            import shutil
+
+            shutil.rmtree(metrics_tmp, ignore_errors=True)
         if fleet is not None:
             fleet.close()
         if llamas:
             from loadtests.llama import stop_all
 
             stop_all(llamas)
+
+
+def _metrics_dir(workers: int) -> Path | None:
+    """Several workers write their metrics to one folder so that one scrape reports them all:
+    PROMETHEUS_MULTIPROC_DIR when set (emptied now: left-overs of an earlier run), else a
+    private temporary folder."""
+    from gateway.metrics_workers import ENV_DIR, clear
+
+    created = None
+    if not os.environ.get(ENV_DIR):
+        if workers == 1:
+            return None
+        import tempfile
+
+        created = Path(tempfile.mkdtemp(prefix="gateway-metrics-"))
+        os.environ[ENV_DIR] = str(created)
+    clear(Path(os.environ[ENV_DIR]))
+    return created
 
 
 def _http_protocol(choice: str) -> Any:

@@ -6,8 +6,7 @@ that already lives in the runtime (breakers, latency estimates, in-flight counts
 queues, the deferred queue, policy reloads) is read at scrape time by a collector, so it costs
 nothing per request. Each app has its own registry (several apps may share a process in tests).
 
-With several worker processes each serves its own figures; scrape one worker per process (or run
-one worker per container, the usual layout).
+With several worker processes, one scrape reports all of them (`gateway.metrics_workers`).
 """
 
 from __future__ import annotations
