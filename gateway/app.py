@@ -77,7 +77,9 @@ def create_app(
 ) -> FastAPI:
     runtime = Runtime(policy)
     state = state if state is not None else SharedState.from_env()
-    fallbacks = Fallbacks(_rules_path(policy, policy_path), state.url, prefix=state.key("deferred"))
+    fallbacks = Fallbacks(
+        _rules_path(policy, policy_path), state.url, prefix=state.tagged_key("deferred")
+    )
     semantic = SemanticLayer(policy.semantic_cache, state.url, state.prefix)
     pipeline = Pipeline(runtime, state, fallbacks, semantic)
     shared_breakers = (

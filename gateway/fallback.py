@@ -13,13 +13,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
-import redis.asyncio as aioredis
 from starlette.responses import Response
 
 from gateway.accept import Accepted
 from gateway.context import Context
 from gateway.degrade import DegradeContext, RuleStore, last_user_text, render
 from gateway.errors import GatewayError
+from gateway.redis_client import make_redis
 from gateway.replay import (
     MemoryReplayQueue,
     QueueFull,
@@ -39,7 +39,7 @@ class Fallbacks:
     ) -> None:
         self.rules = RuleStore(rules_path) if rules_path is not None else None
         client = (
-            aioredis.Redis.from_url(redis_url, socket_connect_timeout=0.5, socket_timeout=5.0)
+            make_redis(redis_url, socket_connect_timeout=0.5, socket_timeout=5.0)
             if redis_url
             else None
         )

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
+from gateway.redis_client import AnyRedis
 from gateway.resilience.retry import backoff_s
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class RedisReplayQueue:
 
     GROUP = "workers"
 
-    def __init__(self, client: aioredis.Redis, settings: ReplaySettings | None = None) -> None:
+    def __init__(self, client: AnyRedis, settings: ReplaySettings | None = None) -> None:
         self.redis = client
         self.settings = settings or ReplaySettings()
         self.stream = f"{self.settings.prefix}:replay"
@@ -276,7 +276,7 @@ class MemoryReplayQueue:
 
 
 def make_replay_queue(
-    client: aioredis.Redis | None, settings: ReplaySettings | None = None
+    client: AnyRedis | None, settings: ReplaySettings | None = None
 ) -> RedisReplayQueue | MemoryReplayQueue:
     """The Redis queue when a client is configured, else the in-memory one."""
     if client is None:
@@ -331,7 +331,7 @@ class ReplayWorker:
                 if self._down:
                     self._down = False
                     log.info("replay worker %s: queue reachable again", self.consumer)
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - a client bug during failover too: retry
                 failures += 1
                 if not self._down:
                     self._down = True

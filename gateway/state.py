@@ -14,9 +14,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+
+from gateway.redis_client import AnyRedis, make_redis
 
 log = logging.getLogger("gateway.state")
 T = TypeVar("T")
@@ -29,9 +29,10 @@ class SharedState:
         self._retry_after_s = retry_after_s
         self._down_until = 0.0
         self._down_logged = False
-        self.redis: aioredis.Redis | None = None
+        self.redis: AnyRedis | None = None
         if url:
-            self.redis = aioredis.Redis.from_url(
+            # One server, a Redis Cluster or a Sentinel-managed primary, by the URL's scheme.
+            self.redis = make_redis(
                 url,
                 socket_connect_timeout=0.25,
                 socket_timeout=0.5,
@@ -58,6 +59,11 @@ class SharedState:
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
 
+    def tagged_key(self, *parts: str) -> str:
+        """A key prefix whose keys share one Redis Cluster slot (a hash tag), for commands and
+        transactions that touch several of them together."""
+        return "{" + self.key(*parts) + "}"
+
     def mark_down(self, exc: BaseException) -> None:
         self._down_until = time.monotonic() + self._retry_after_s
         if not self._down_logged:
@@ -72,7 +78,7 @@ class SharedState:
             self._down_logged = False
             log.warning("Redis is back; shared state resumed.")
 
-    async def call(self, fn: Callable[[aioredis.Redis], Awaitable[T]], default: T) -> T:
+    async def call(self, fn: Callable[[AnyRedis], Awaitable[T]], default: T) -> T:
         """Run `fn(redis)`; on any Redis/connection error return `default` (and back off)."""
         if self.redis is None or time.monotonic() < self._down_until:
             return default
@@ -83,7 +89,7 @@ class SharedState:
                 # A pooled connection Redis dropped (e.g. after a restart) fails once: retry on a
                 # fresh one before calling Redis down.
                 result = await fn(self.redis)
-        except (RedisError, OSError, TimeoutError) as e:
+        except Exception as e:  # noqa: BLE001 - Redis errors, and client bugs during failovers
             self.mark_down(e)
             return default
         if self._down_logged:

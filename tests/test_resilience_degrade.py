@@ -144,7 +144,7 @@ auth:
     request_id = r.headers["x-gateway-deferred"]
     assert request_id == r.headers["x-request-id"]
     validate_sse(r.content)
-    stream_key = gw.state.key("deferred") + ":replay"
+    stream_key = gw.state.tagged_key("deferred") + ":replay"
     assert gw.pipeline.fallbacks.queue.stream == stream_key  # in Redis, under this prefix
 
     def fetch(key: str) -> httpx.Response:

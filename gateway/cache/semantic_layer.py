@@ -61,9 +61,9 @@ class SemanticLayer:
             )
             return
         if self.redis_url:
-            import redis.asyncio as aioredis
+            from gateway.redis_client import make_redis
 
-            self._redis = aioredis.Redis.from_url(
+            self._redis = make_redis(
                 self.redis_url,
                 socket_connect_timeout=0.5,
                 socket_timeout=2.0,

@@ -24,6 +24,7 @@ import orjson
 from redis.asyncio import Redis
 
 from gateway.cache.semantic_index import Entry
+from gateway.redis_client import is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +145,15 @@ class RedisSemanticStore:
             pattern = self.prefix + "*"
             plen = len(self.prefix)
             while True:
-                cursor, keys = await self._redis.scan(cursor=cursor, match=pattern, count=batch)
+                if is_cluster(self._redis):
+                    # Every primary's keys, fetched per slot (entries are spread over slots).
+                    keys = [k async for k in self._redis.scan_iter(match=pattern, count=batch)]
+                    cursor = 0
+                    blobs = await self._redis.mget_nonatomic(keys) if keys else []
+                else:
+                    cursor, keys = await self._redis.scan(cursor=cursor, match=pattern, count=batch)
+                    blobs = await self._redis.mget(keys) if keys else []
                 if keys:
-                    blobs = await self._redis.mget(keys)
                     entries = []
                     for key, blob in zip(keys, blobs, strict=True):
                         if not isinstance(blob, bytes):  # needs decode_responses=False

@@ -23,9 +23,8 @@ import uuid
 from typing import Any
 
 import orjson
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
+from gateway.redis_client import AnyRedis, make_redis
 from gateway.resilience.breaker import BreakerEvent, BreakerRegistry, BreakerState
 
 log = logging.getLogger(__name__)
@@ -51,7 +50,7 @@ class SharedBreakers:
         self.replica_id = replica_id or uuid.uuid4().hex[:12]
         self._url = redis_url
         self._min_s, self._max_s = reconnect_min_s, reconnect_max_s
-        self._client: aioredis.Redis | None = None
+        self._client: AnyRedis | None = None
         self._pending: dict[str, dict[str, Any]] = {}  # provider -> latest local event
         self._wake = asyncio.Event()
         self._subscribed = asyncio.Event()
@@ -67,9 +66,7 @@ class SharedBreakers:
 
     async def start(self) -> None:
         """Start the publisher and subscriber tasks; never raises for an unreachable Redis."""
-        self._client = aioredis.Redis.from_url(
-            self._url, socket_connect_timeout=1.0, socket_timeout=2.0
-        )
+        self._client = make_redis(self._url, socket_connect_timeout=1.0, socket_timeout=2.0)
         self._tasks = [
             asyncio.create_task(self._publish_loop(), name="breakers-publish"),
             asyncio.create_task(self._subscribe_loop(), name="breakers-subscribe"),
@@ -126,7 +123,7 @@ class SharedBreakers:
                 try:
                     assert self._client is not None
                     await self._client.publish(self.channel, payload)
-                except (RedisError, OSError) as exc:
+                except Exception as exc:  # noqa: BLE001 - whatever Redis or its client raise
                     failures += 1
                     if failures == 1:
                         continue  # maybe a pooled connection Redis dropped: once more, fresh
@@ -155,7 +152,7 @@ class SharedBreakers:
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
                         self._apply(msg["data"])
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever Redis or its client raise
                 self._subscribed.clear()
                 self._mark_down(exc)
                 failures += 1
