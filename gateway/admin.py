@@ -19,6 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import GatewayError
+from gateway.policy.schema import ENV_REF
+from gateway.redact import redacted_dump
 from gateway.resilience.breaker import BreakerState
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ def member_view(p: ProviderState, pools: list[str], recent: RecentRequests | Non
         "observations": m.ewma.observations,
         "attempts": p.requests,
         "failures": m.failures,
+        "auth_failed": p.auth_failed_at is not None,
         "last_error": None
         if m.last_error_at is None
         else {"kind": m.last_error_kind, "age_s": round(now - m.last_error_at, 1)},
@@ -180,6 +183,15 @@ class AdminViews:
         }
 
 
+def _interpolated_values(source: str) -> list[str]:
+    """Values of the environment variables the policy file interpolates: all masked in views."""
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return []
+    return [os.environ[m.group(1)] for m in ENV_REF.finditer(text) if m.group(1) in os.environ]
+
+
 def _member(runtime: Runtime, name: str) -> ProviderState:
     p = runtime.snapshot.providers.get(name)
     if p is None:
@@ -217,7 +229,9 @@ def admin_router(views: AdminViews) -> APIRouter:
     async def policy(full: bool = False) -> Response:
         doc = views.policy()
         if full:
-            doc["policy"] = runtime.snapshot.policy.model_dump(mode="json")
+            snap = runtime.snapshot
+            redactor = snap.redactor.extended(_interpolated_values(views.source))
+            doc["policy"] = redacted_dump(snap.policy.model_dump(mode="json"), redactor)
         return _json(doc)
 
     @router.get("/breakers")

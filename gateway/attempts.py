@@ -155,6 +155,7 @@ class Candidates:
 def settle_success(member: ProviderState, latency_s: float, admission: Admission) -> None:
     member.member.end(latency_s)
     member.breaker.record_success()
+    member.auth_failed_at = None
     admission.released()
 
 
@@ -186,6 +187,8 @@ def settle_failure(
         member.breaker.release()
         admission.released()
         return
+    if kind is FailureKind.UPSTREAM_AUTH:
+        member.auth_failed_at = time.monotonic()
     if kind in _SLOW_FAILURES:
         routing.end(elapsed_s, ok=False, error_kind=f.kind)
     else:

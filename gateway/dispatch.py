@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import orjson
 from starlette.responses import Response, StreamingResponse
@@ -25,6 +26,7 @@ from gateway.chunks import StreamAssembler
 from gateway.context import Context
 from gateway.decide import Decision
 from gateway.errors import GatewayError
+from gateway.redact import Redactor, sanitize_message
 from gateway.resilience.admission import Admission
 from gateway.resilience.budget import RetryBudget
 from gateway.resilience.failures import FailureKind
@@ -32,9 +34,10 @@ from gateway.resilience.retry import Retrier
 from gateway.router import Router
 from gateway.routing.member import SignalKind, latency_signal
 from gateway.runtime import ProviderState, Snapshot
-from gateway.sse import SSESplitter, encode_event, event_data
+from gateway.sse import DONE, EventTooLarge, SSESplitter, encode_event, event_data
 from gateway.telemetry import upstream_headers
 from gateway.upstream import UpstreamFailure, UpstreamResponse, UpstreamStream
+from gateway.validate import InvalidAnswer, StreamCheck, check_unary, completion_tokens
 
 CLIENT_ERRORS = frozenset({"upstream_4xx"})
 _EXHAUSTED_STATUS = {
@@ -46,8 +49,18 @@ _EXHAUSTED_STATUS = {
     "connect_error": (502, "upstream_unavailable"),
     "upstream_5xx": (502, "upstream_error"),
     "stream_broken": (502, "upstream_error"),
+    "upstream_auth": (502, "upstream_auth_failed"),
+    "bad_response": (502, "upstream_bad_response"),
 }
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# What the client reads when the last failure was of this kind (never an upstream's own words).
+_EXHAUSTED_MESSAGE = {
+    "upstream_auth": "The provider refused the gateway's credentials for this model or does not "
+    "serve it. This is a gateway configuration problem, not a problem with your API key.",
+    "bad_response": "The provider's answer was not a valid response for this endpoint.",
+}
+# An upstream error field kept in the gateway's error: a short token, never free text.
+_TOKEN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_PARAM = re.compile(r"^[A-Za-z0-9_.\[\]\-]{1,128}$")
 
 T = TypeVar("T")
 Call = Callable[[ProviderState], Awaitable[T]]
@@ -58,14 +71,8 @@ OnComplete = Callable[[bytes], None]
 OnAbort = Callable[[], None]
 
 
-def completion_tokens(body: bytes) -> int | None:
-    """Output tokens from a response's usage, without parsing the whole body."""
-    m = _COMPLETION_TOKENS.search(body)
-    return int(m.group(1)) if m else None
-
-
 class PassThrough(Exception):
-    """A non-retryable provider answer (4xx) that goes back to the client unchanged."""
+    """A non-retryable provider answer (4xx) for the client, re-wrapped in the gateway's shape."""
 
     def __init__(self, response: Response) -> None:
         self.response = response
@@ -130,7 +137,10 @@ class Dispatcher:
                 last = f
                 settle_failure(member, f, time.monotonic() - start, ctx, self.admission)
                 if f.kind in CLIENT_ERRORS:
-                    raise PassThrough(self.passthrough_error(f, ctx)) from None
+                    hosts = (urlsplit(member.config.base_url).hostname or "",)
+                    raise PassThrough(
+                        self.passthrough_error(f, ctx, snap.redactor, hosts)
+                    ) from None
                 if not await self._next_attempt(retrier, attempt, f):
                     break
             except BaseException:
@@ -145,16 +155,23 @@ class Dispatcher:
         self.retrier(snap).record_request()
         path = PATHS[acc.endpoint]
 
-        def call(m: ProviderState) -> Awaitable[UpstreamResponse]:
+        async def call(m: ProviderState) -> tuple[UpstreamResponse, dict[str, Any]]:
             # Headers per attempt: the trace context names this attempt's span.
             body = self.upstream_body(acc.body, acc.model, m)
-            return m.client.send(path, body, upstream_headers(ctx), m.config.timeouts)
+            resp = await m.client.send(path, body, upstream_headers(ctx), m.config.timeouts)
+            try:
+                doc = check_unary(acc.endpoint, resp.body)  # the one parse of the answer
+            except InvalidAnswer as e:
+                raise UpstreamFailure("bad_response", str(e)) from None
+            if snap.redactor:
+                resp.body = snap.redactor.bytes(resp.body)
+            return resp, doc
 
         candidates = self.candidates(snap, decision, ctx)
-        resp, member, start = await self._first_success(snap, candidates, ctx, call)
+        (resp, doc), member, start = await self._first_success(snap, candidates, ctx, call)
         signal = snap.pools[ctx.pool].config.latency_signal
         total = time.monotonic() - start
-        out = completion_tokens(resp.body) if signal == "per_token" else None
+        out = completion_tokens(doc) if signal == "per_token" else None
         settle_success(member, latency_signal(signal, None, total, out), self.admission)
         ctx.response_body = resp.body
         return resp.body, resp.headers
@@ -199,25 +216,23 @@ class Dispatcher:
         )
 
     @staticmethod
-    def passthrough_error(f: UpstreamFailure, ctx: Context) -> Response:
-        """The provider's 4xx for the client: its own body when OpenAI-shaped, else a generic one.
+    def passthrough_error(
+        f: UpstreamFailure, ctx: Context, redactor: Redactor | None = None, hosts: tuple = ()
+    ) -> Response:
+        """The provider's 4xx for the client, always in the gateway's own error shape.
 
-        A context overflow the token estimate missed (the provider counts with its own tokenizer)
-        is rewritten to OpenAI's `context_length_exceeded`, whatever shape the provider used
-        (llama.cpp: type `exceed_context_size_error` with `n_ctx`; vLLM: a message naming the
-        maximum context length), so clients can handle it the same way everywhere.
+        The message is sanitised (no secret, token, key, URL or internal host); type, param and
+        code are kept only when they are short tokens. A context overflow the token estimate
+        missed (the provider counts with its own tokenizer) is rewritten to OpenAI's
+        `context_length_exceeded`, whatever shape the provider used (llama.cpp: type
+        `exceed_context_size_error` with `n_ctx`; vLLM: a message naming the maximum context
+        length), so clients can handle it the same way everywhere.
         """
         headers = {**f.headers, **ctx.headers()}
         headers.pop("content-type", None)
-        body = f.body
-        try:
-            parsed: Any = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            parsed = None
-        err = parsed.get("error", parsed) if isinstance(parsed, dict) else None
-        ok = isinstance(parsed, dict) and isinstance(parsed.get("error"), dict)
+        err = _error_fields(f.body)
         status = f.status or 400
-        if isinstance(err, dict):
+        if err is not None:
             said = " ".join(str(err.get(k) or "") for k in ("type", "code", "message")).lower()
             if "exceed_context_size" in said or re.search(r"context[ _](length|size|window)", said):
                 limit = err.get("n_ctx")
@@ -236,11 +251,17 @@ class Dispatcher:
                 body = GatewayError(
                     400, message, param="messages", code="context_length_exceeded"
                 ).to_bytes()
-                ok, status = True, 400
-        if not ok:
-            body = GatewayError(
-                status, "The provider rejected the request.", code="upstream_rejected"
-            ).to_bytes()
+                return Response(body, 400, headers=headers, media_type="application/json")
+        message = ""
+        if err is not None and isinstance(err.get("message"), str):
+            message = sanitize_message(err["message"], redactor, hosts)
+        body = GatewayError(
+            status,
+            message or "The provider rejected the request.",
+            type=_token(err, "type") or "invalid_request_error",
+            param=_token(err, "param", _PARAM),
+            code=_token(err, "code") if err is not None else "upstream_rejected",
+        ).to_bytes()
         return Response(body, status_code=status, headers=headers, media_type="application/json")
 
     @staticmethod
@@ -265,9 +286,10 @@ class Dispatcher:
                 headers={"retry-after": str(seconds)},
             )
         status, code = _EXHAUSTED_STATUS.get(last.kind, (502, "upstream_error"))
+        why = _EXHAUSTED_MESSAGE.get(last.kind, "")
         err = Exhausted(
             status,
-            f"All providers failed for this request (last failure: {last.kind}).",
+            f"All providers failed for this request (last failure: {last.kind}). {why}".strip(),
             type="upstream_error",
             code=code,
         )
@@ -315,7 +337,9 @@ class StreamRelay:
                 if reopened is None:
                     err = GatewayError(
                         502,
-                        "The upstream stream broke before it finished.",
+                        "The upstream stream was invalid and was cut."
+                        if broke.kind == "bad_response"
+                        else "The upstream stream broke before it finished.",
                         type="upstream_error",
                         code=broke.kind,
                     )
@@ -337,7 +361,9 @@ class StreamRelay:
     ) -> AsyncIterator[bytes]:
         """Relay one upstream stream; sets self._broken when it fails mid-way."""
         self._broken: UpstreamFailure | None = None
-        splitter = SSESplitter()
+        limits = member.config.limits
+        splitter = SSESplitter(limits.max_event_bytes)
+        check = StreamCheck(limits, self.snap.redactor or None)
         signal: SignalKind = self.snap.pools[self.ctx.pool].config.latency_signal
         events = 0
         settled = False
@@ -345,8 +371,12 @@ class StreamRelay:
         try:
             chunks = _prepend(stream.first, stream.chunks())
             async for chunk in chunks:
+                check.count(len(chunk))
                 out: list[bytes] = []
                 for ev in splitter.feed(chunk):
+                    if check.done:
+                        continue  # nothing after the end marker
+                    ev = check.event(ev)
                     if continuation:
                         ev = self._splice(ev)
                         if ev is None:
@@ -361,11 +391,23 @@ class StreamRelay:
                     self.ctx.ttft_s = time.perf_counter() - self.ctx.start
                 # Events that arrived together leave together: one write instead of one each.
                 yield out[0] if len(out) == 1 else b"".join(out)
+            if not check.done:
+                if not check.finished or splitter.tail().strip():
+                    raise InvalidAnswer("the stream ended without [DONE]")
+                # The provider's own final chunk but no `[DONE]`: clients still get their end.
+                if self.assembler is not None:
+                    self.assembler.feed_event(DONE)
+                yield DONE
             settled = True
             total = time.monotonic() - start
             settle_success(
                 member, latency_signal(signal, stream.ttft_s, total, events), self.d.admission
             )
+        except (InvalidAnswer, EventTooLarge) as e:
+            settled = True
+            f = UpstreamFailure("bad_response", str(e))
+            settle_failure(member, f, time.monotonic() - start, self.ctx, self.d.admission)
+            self._broken = f
         except UpstreamFailure as f:
             settled = True
             settle_failure(member, f, time.monotonic() - start, self.ctx, self.d.admission)
@@ -439,6 +481,37 @@ class StreamRelay:
         if usage or any(c.get("finish_reason") for c in choices):
             chunk["gateway_resumed"] = {"from": self.resumed_from, "on": self.ctx.provider}
         return encode_event(orjson.dumps(chunk))
+
+
+def _error_fields(body: bytes) -> dict[str, Any] | None:
+    """The error object of an upstream error body in any common shape, else None.
+
+    OpenAI `{"error": {...}}`, vLLM `{"object": "error", "message": ...}`, `{"error": "text"}`,
+    FastAPI `{"detail": "text"}`.
+    """
+    try:
+        parsed: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    err = parsed.get("error")
+    if isinstance(err, dict):
+        return err
+    if isinstance(err, str):
+        return {"message": err}
+    if isinstance(parsed.get("message"), str):
+        return parsed
+    if isinstance(parsed.get("detail"), str):
+        return {"message": parsed["detail"]}
+    return None
+
+
+def _token(err: dict[str, Any] | None, key: str, pattern: re.Pattern[str] = _TOKEN) -> str | None:
+    value = err.get(key) if err is not None else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return value if isinstance(value, str) and pattern.match(value) else None
 
 
 async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -3,7 +3,8 @@
 A background task opens (and closes) a TCP connection to every provider every
 `GATEWAY_READY_PROBE_S` seconds (default 10); `/ready` only reads the cached results and the
 breakers, so a readiness probe never waits on the network. A provider counts when its last
-probe connected, its breaker is not open and it is not drained.
+probe connected, its breaker is not open, it is not drained and its last answer was not a refusal of
+its credentials or model (`upstream_auth`, cleared by its next success).
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class Reachability:
             probed = self.results.get(name)
             if p.drained:
                 members[name] = "drained"
+            elif p.auth_failed_at is not None:
+                # Refused the member's key or model: not ready, however reachable it is.
+                members[name] = "auth_failed"
             elif p.breaker.state is BreakerState.OPEN:
                 members[name] = "breaker_open"
             elif probed is None:

@@ -196,6 +196,12 @@ class GatewayCollector(Collector):
         drained = GaugeMetricFamily(
             "gateway_member_drained", "1 when drained by an operator.", labels=["provider"]
         )
+        auth_failed = GaugeMetricFamily(
+            "gateway_member_auth_failed",
+            "1 while the provider refuses the member's credentials or mapped model "
+            "(its last attempt failed with upstream_auth).",
+            labels=["provider"],
+        )
         attempts = CounterMetricFamily(
             "gateway_member_attempts", "Upstream attempts sent to a member.", labels=["provider"]
         )
@@ -209,9 +215,10 @@ class GatewayCollector(Collector):
             ewma.add_metric([name], p.member.ewma.estimate())
             inflight.add_metric([name], p.member.inflight)
             drained.add_metric([name], 1.0 if p.drained else 0.0)
+            auth_failed.add_metric([name], 0.0 if p.auth_failed_at is None else 1.0)
             attempts.add_metric([name], p.requests)
             failures.add_metric([name], p.member.failures)
-        yield from (state, ewma, inflight, drained, attempts, failures)
+        yield from (state, ewma, inflight, drained, auth_failed, attempts, failures)
 
     def _pools(self) -> Iterator[Metric]:
         stats = self.pipeline.dispatcher.admission.stats

@@ -139,7 +139,9 @@ class Pipeline:
                 with stage(ctx, "cache"):
                     cached = await self._cache_lookup(plan, ctx)
                 if cached is not None:
-                    return self._from_cache(cached, acc, ctx)
+                    hit = self._from_cache(cached, acc, ctx)
+                    if hit is not None:
+                        return hit
             # 4-6. Route, dispatch, recover; when nothing can answer, degrade
             try:
                 with stage(ctx, "route"):
@@ -221,11 +223,20 @@ class Pipeline:
             ctx.cache = "hit-exact" if plan.read else "miss"
         return shared
 
-    def _from_cache(self, body: bytes, acc: Accepted, ctx: Context) -> Response:
+    def _from_cache(self, body: bytes, acc: Accepted, ctx: Context) -> Response | None:
+        """The cached answer for the client; None (a miss) for an entry that is not a completion."""
         if not acc.stream:
             return Response(body, headers=ctx.headers(), media_type=JSON)
         include_usage = bool((acc.body.get("stream_options") or {}).get("include_usage"))
-        events = completion_to_events(orjson.loads(body), include_usage)
+        try:
+            completion = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            completion = None
+        if not isinstance(completion, dict):
+            # Written by an older gateway that cached unchecked answers: never a 500.
+            ctx.cache = "miss"
+            return None
+        events = completion_to_events(completion, include_usage)
         return Response(b"".join(events), headers=ctx.headers(), media_type="text/event-stream")
 
     def _store(self, plan: CachePlan, body: bytes) -> asyncio.Task[bool] | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gateway.auth import KeyRing
 from gateway.policy.loader import policy_fingerprint
 from gateway.policy.schema import Policy, Pool, Provider
+from gateway.redact import Redactor, provider_secrets
 from gateway.resilience.breaker import BreakerRegistry, CircuitBreaker
 from gateway.routing.balancer import Balancer, BalancerSettings, make_balancer
 from gateway.routing.member import Member
@@ -36,6 +37,9 @@ class ProviderState:
     breaker: CircuitBreaker
     requests: int = 0
     drained: bool = False
+    # When the provider last refused the member's credentials or model (upstream_auth); cleared
+    # by the next success. Shown in /ready, the dashboard and the metrics.
+    auth_failed_at: float | None = None
 
     def available(self) -> bool:
         """May a new request be sent here now (breaker closed or probing, not drained)?"""
@@ -60,14 +64,19 @@ class Snapshot:
     pools: dict[str, PoolState]
     keys: KeyRing
     by_member: dict[int, ProviderState] = field(default_factory=dict)
+    # The providers' secrets, masked wherever they appear in what the gateway relays.
+    redactor: Redactor = field(default_factory=Redactor)
 
     def provider_of(self, member: Member) -> ProviderState:
         return self.by_member[id(member)]
 
 
 def _client(name: str, cfg: Provider) -> UpstreamClient:
-    key = os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
-    return UpstreamClient(name, cfg, key)
+    return UpstreamClient(name, cfg, _api_key(cfg))
+
+
+def _api_key(cfg: Provider) -> str | None:
+    return os.environ.get(cfg.api_key_env) if cfg.api_key_env else None
 
 
 def _member_settings(policy: Policy, provider: str) -> BalancerSettings:
@@ -121,8 +130,19 @@ class Runtime:
         self._retired.extend(retired)
         self._providers = providers
         by_member = {id(p.member): p for p in providers.values()}
+        secrets = [
+            s
+            for p in providers.values()
+            for s in provider_secrets(p.config.base_url, p.config.headers, _api_key(p.config))
+        ]
         return Snapshot(
-            policy, policy_fingerprint(policy), providers, pools, KeyRing(policy.auth), by_member
+            policy,
+            policy_fingerprint(policy),
+            providers,
+            pools,
+            KeyRing(policy.auth),
+            by_member,
+            Redactor(secrets),
         )
 
     def apply(self, policy: Policy) -> Snapshot:

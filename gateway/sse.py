@@ -7,13 +7,22 @@ from collections.abc import AsyncIterator
 DONE = b"data: [DONE]\n\n"
 
 
+class EventTooLarge(ValueError):
+    """An event grew past the splitter's limit without ending."""
+
+
 class SSESplitter:
-    """Feeds raw bytes, yields complete events (each ending in a blank line), as they complete."""
+    """Feeds raw bytes, yields complete events (each ending in a blank line), as they complete.
 
-    __slots__ = ("_buf",)
+    With ``max_event`` set, an unfinished event longer than that raises EventTooLarge instead of
+    being buffered without bound.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_buf", "_max")
+
+    def __init__(self, max_event: int | None = None) -> None:
         self._buf = b""
+        self._max = max_event
 
     def feed(self, data: bytes) -> list[bytes]:
         buf = self._buf + data
@@ -27,7 +36,10 @@ class SSESplitter:
                 break
             events.append(buf[start : end + 2])
             start = end + 2
-        self._buf = buf[start:]
+        rest = buf[start:]
+        if self._max is not None and len(rest) > self._max:
+            raise EventTooLarge(f"stream event larger than {self._max} bytes")
+        self._buf = rest
         return events
 
     def tail(self) -> bytes:

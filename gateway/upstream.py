@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -21,20 +22,14 @@ from typing import Any
 import aiohttp
 
 from gateway.policy.schema import Provider, Timeouts
+from gateway.validate import InvalidAnswer, first_event_complete, is_event_stream
 
-# Response headers that are hop-by-hop or describe the upstream's framing, never forwarded.
-_DROP_HEADERS = frozenset(
-    {
-        "content-length",
-        "transfer-encoding",
-        "connection",
-        "keep-alive",
-        "content-encoding",
-        "date",
-        "server",
-        "set-cookie",
-    }
-)
+# Response headers are never forwarded wholesale: a provider or its proxy adds organisation ids,
+# internal host names, cookies, CORS and `www-authenticate` headers. The gateway sets its own
+# content type and request id; `x-ratelimit-*` passes only where the provider's policy says so.
+_RATELIMIT_PREFIX = "x-ratelimit-"
+# A provider answering 400/422 that it does not know the (mapped) model: the member's fault.
+_MODEL_NOT_FOUND = re.compile(rb"(?i)model_not_found|model\W[^.]{0,120}?(does not exist|not found)")
 # Kept pooled connections are closed after this long unused.
 KEEPALIVE_S = 30.0
 
@@ -73,17 +68,22 @@ def parse_retry_after(value: str | None) -> float | None:
         return None
 
 
-def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
+def forwardable_headers(headers: Mapping[str, str], ratelimit: bool = False) -> dict[str, str]:
+    """The upstream headers a client may see: `x-ratelimit-*` when allowed, nothing else."""
+    if not ratelimit:
+        return {}
     out: dict[str, str] = {}
     for k, v in headers.items():
         k = k.lower()
-        if k not in _DROP_HEADERS:
+        if k.startswith(_RATELIMIT_PREFIX):
             out[k] = v
     return out
 
 
-def _status_failure(resp_status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamFailure:
-    fwd = forwardable_headers(headers)
+def _status_failure(
+    resp_status: int, body: bytes, headers: Mapping[str, str], ratelimit: bool = False
+) -> UpstreamFailure:
+    fwd = forwardable_headers(headers, ratelimit)
     if resp_status == 429:
         return UpstreamFailure(
             "rate_limited",
@@ -93,10 +93,44 @@ def _status_failure(resp_status: int, body: bytes, headers: Mapping[str, str]) -
             headers=fwd,
             retry_after=parse_retry_after(headers.get("retry-after")),
         )
+    if resp_status in (401, 403, 404) or (
+        resp_status in (400, 422) and _MODEL_NOT_FOUND.search(body[:4096])
+    ):
+        # The gateway's own key was refused, or the mapped model or path does not exist there:
+        # another member may answer, the client's request is not at fault.
+        return UpstreamFailure(
+            "upstream_auth", f"provider answered {resp_status}", status=resp_status, body=body
+        )
     kind = "upstream_5xx" if resp_status >= 500 else "upstream_4xx"
     return UpstreamFailure(
         kind, f"provider answered {resp_status}", status=resp_status, body=body, headers=fwd
     )
+
+
+async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole (decompressed) body, or UpstreamFailure(bad_response) past ``limit`` bytes.
+
+    aiohttp inflates a compressed body chunk by chunk under flow control, so stopping here keeps
+    a compression bomb from ever being held whole.
+    """
+    declared = resp.content_length
+    if declared is not None and declared > limit:
+        raise UpstreamFailure("bad_response", f"answer larger than {limit} bytes")
+    parts: list[bytes] = []
+    size = 0
+    content = resp.content
+    while True:
+        chunk = await content.readany()
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamFailure("bad_response", f"answer larger than {limit} bytes")
+        parts.append(chunk)
+    exc = content.exception()
+    if exc is not None:
+        raise exc
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _Connector(aiohttp.TCPConnector):
@@ -201,6 +235,7 @@ class UpstreamClient:
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
         self._headers = headers
+        self._limits = config.limits
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timeouts: tuple[Timeouts, aiohttp.ClientTimeout] | None = None
@@ -251,7 +286,9 @@ class UpstreamClient:
         for attempt in (0, 1):
             _reused.set(False)
             try:
-                return await session.post(url, data=body, headers=headers, timeout=timeout)
+                return await session.post(
+                    url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+                )
             except (aiohttp.ClientError, OSError) as e:
                 if attempt or not _stale(e):
                     raise
@@ -266,10 +303,17 @@ class UpstreamClient:
         try:
             async with asyncio.timeout(timeouts.total_s):
                 resp = await self._post(path, body, headers, timeouts)
+                ok = False
                 try:
-                    content = await resp.read()
+                    if resp.status >= 300:
+                        content = await _read_error(resp)
+                    else:
+                        content = await _read_bounded(resp, self._limits.max_response_bytes)
+                    ok = True
                 finally:
-                    resp.release()
+                    resp.release() if ok else resp.close()
+        except UpstreamFailure:
+            raise
         except aiohttp.ConnectionTimeoutError:
             raise UpstreamFailure("connect_timeout", "connect timed out") from None
         except TimeoutError:
@@ -277,33 +321,45 @@ class UpstreamClient:
         except (aiohttp.ClientError, OSError) as e:
             raise UpstreamFailure("connect_error", type(e).__name__) from None
         elapsed = time.monotonic() - start
-        if resp.status >= 400:
-            raise _status_failure(resp.status, content, resp.headers)
-        return UpstreamResponse(resp.status, forwardable_headers(resp.headers), content, elapsed)
+        if resp.status >= 300:
+            raise self._failure(resp.status, content, resp.headers)
+        return UpstreamResponse(resp.status, self._forward(resp.headers), content, elapsed)
+
+    def _forward(self, headers: Mapping[str, str]) -> dict[str, str]:
+        return forwardable_headers(headers, self.config.forward_ratelimit_headers)
+
+    def _failure(self, status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamFailure:
+        if status < 400:  # a redirect (never followed) or another non-answer
+            return UpstreamFailure("bad_response", f"provider answered {status}", status=status)
+        return _status_failure(status, body, headers, self.config.forward_ratelimit_headers)
 
     async def open_stream(
         self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
     ) -> UpstreamStream:
-        """Open a stream and wait for its first chunk (bounded by first_byte_s)."""
+        """Open a stream and wait for its first complete event (bounded by first_byte_s).
+
+        Until that event arrived nothing was sent to the client, so an answer that is no event
+        stream (HTML, a JSON body, an error event, a stream that ends first) is a `bad_response`
+        that can still be retried on another member.
+        """
         start = time.monotonic()
         deadline = start + timeouts.total_s
         resp: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(min(timeouts.first_byte_s, timeouts.total_s)):
                 resp = await self._post(path, body, headers, timeouts)
-                if resp.status >= 400:
+                if resp.status >= 300:
                     try:
-                        content = await resp.read()
+                        content = await _read_error(resp)
                     finally:
-                        resp.release()
-                    raise _status_failure(resp.status, content, resp.headers)
-                first = b""
-                while not first:
-                    first = await resp.content.readany()
-                    if not first and resp.content.at_eof():
-                        resp.release()
-                        raise UpstreamFailure("stream_broken", "stream ended before any data")
+                        resp.close()
+                    raise self._failure(resp.status, content, resp.headers)
+                if not is_event_stream(resp.headers.get("content-type")):
+                    raise UpstreamFailure("bad_response", "answer to a stream is not an SSE stream")
+                first = await self._first_event(resp)
         except UpstreamFailure:
+            if resp is not None:
+                resp.close()
             raise
         except aiohttp.ConnectionTimeoutError:
             raise UpstreamFailure("connect_timeout", "connect timed out") from None
@@ -318,10 +374,45 @@ class UpstreamClient:
             raise UpstreamFailure("connect_error", type(e).__name__) from None
         return UpstreamStream(
             status=resp.status,
-            headers=forwardable_headers(resp.headers),
+            headers=self._forward(resp.headers),
             first=first,
             ttft_s=time.monotonic() - start,
             _response=resp,
             _deadline=deadline,
             _idle_s=timeouts.idle_s,
         )
+
+    async def _first_event(self, resp: aiohttp.ClientResponse) -> bytes:
+        """Bytes up to (at least) the first complete data event; raises UpstreamFailure."""
+        limit = self._limits.max_event_bytes
+        buf = b""
+        while True:
+            chunk = await resp.content.readany()
+            if not chunk:
+                if resp.content.at_eof():
+                    raise UpstreamFailure("bad_response", "stream ended before its first event")
+                continue
+            buf += chunk
+            try:
+                if first_event_complete(buf):
+                    return buf
+            except InvalidAnswer as e:
+                raise UpstreamFailure("bad_response", str(e)) from None
+            if len(buf) > limit:
+                raise UpstreamFailure("bad_response", f"stream event larger than {limit} bytes")
+
+
+# Error bodies are read only for their message: the rest is never needed.
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+async def _read_error(resp: aiohttp.ClientResponse) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while size < _ERROR_BODY_LIMIT:
+        chunk = await resp.content.readany()
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)[:_ERROR_BODY_LIMIT]

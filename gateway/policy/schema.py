@@ -20,6 +20,7 @@ from gateway.resilience.breaker import BreakerSettings
 from gateway.resilience.retry import RetrySettings
 from gateway.routing.affinity import AffinitySettings
 from gateway.routing.balancer import BalancerSettings
+from gateway.validate import ResponseLimits
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@+-]+$")]
 
@@ -66,6 +67,15 @@ class Provider(Strict):
         False, description="True for the built-in simulator (shown in /v1/models)."
     )
     breaker: BreakerSettings = BreakerSettings()
+    limits: ResponseLimits = Field(
+        default_factory=ResponseLimits,
+        description="Size bounds on this provider's answers (decompressed bytes).",
+    )
+    forward_ratelimit_headers: bool = Field(
+        False,
+        description="Pass this provider's x-ratelimit-* response headers on to clients (no other "
+        "upstream header ever reaches a client).",
+    )
 
     def model_for(self, alias: str) -> str:
         return self.models.get(alias) or self.models.get("*") or alias

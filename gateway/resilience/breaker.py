@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.resilience.failures import FailureKind, counts_against_breaker
+from gateway.resilience.failures import FailureKind, counts_against_breaker, trips_at_once
 from gateway.resilience.window import BucketWindow
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class CircuitBreaker:
         if self._state is BreakerState.HALF_OPEN:
             self._trip(now, "probe_failed")
         elif self._state is BreakerState.CLOSED:
-            reason = self._trip_reason()
+            reason = kind.value if trips_at_once(kind) else self._trip_reason()
             if reason is not None:
                 self._trip(now, reason)
 

@@ -23,6 +23,12 @@ class FailureKind(StrEnum):
     UPSTREAM_5XX = "upstream_5xx"
     UPSTREAM_4XX = "upstream_4xx"
     STREAM_BROKEN = "stream_broken"
+    # The provider refused the member's own credentials or does not serve the mapped model
+    # (401, 403, 404): the member is misconfigured, whatever the client sent.
+    UPSTREAM_AUTH = "upstream_auth"
+    # A 200 that is not a valid answer: not JSON of the endpoint's shape, a stream that is not
+    # SSE or ends without its final event, or an answer over the size limits.
+    BAD_RESPONSE = "bad_response"
 
 
 # A client error is the caller's fault: another member would answer the same.
@@ -31,6 +37,16 @@ _NEVER_RETRYABLE = frozenset({FailureKind.UPSTREAM_4XX})
 # Kinds that say nothing about the provider's health: a 4xx is the request's fault and a 429
 # is handled by a timed cool-down (Retry-After) rather than by tripping the breaker.
 _NOT_A_HEALTH_SIGNAL = frozenset({FailureKind.UPSTREAM_4XX, FailureKind.RATE_LIMITED})
+
+
+# Kinds that are certain on the first occurrence: a revoked key does not heal in seconds, so the
+# breaker opens at once instead of after a run of failures.
+_TRIP_AT_ONCE = frozenset({FailureKind.UPSTREAM_AUTH})
+
+
+def trips_at_once(kind: FailureKind) -> bool:
+    """Whether one failure of this kind is enough to open the member's breaker."""
+    return kind in _TRIP_AT_ONCE
 
 
 def is_retryable(kind: FailureKind, bytes_sent_to_client: bool) -> bool:

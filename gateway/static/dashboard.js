@@ -132,7 +132,7 @@ function renderTraffic(t) {
 }
 
 function memberRow(m) {
-  const state = m.drained ? "drained" : m.breaker.state;
+  const state = m.drained ? "drained" : m.auth_failed ? "auth_failed" : m.breaker.state;
   const last = m.last_error ? `${m.last_error.kind} (${m.last_error.age_s} s ago)` : "";
   const name = encodeURIComponent(m.name);
   return el("tr", { "data-member": m.name },

@@ -1,0 +1,172 @@
+"""Upstream answers are checked before they count as a success, reach a client or a cache.
+
+A 200 is a success only when it is what the endpoint promises: a JSON object of the endpoint's
+shape (unary), or an SSE stream of JSON events that ends with `[DONE]` (or a chunk that finishes
+every choice). Sizes are bounded per answer, per stream and per event, counting decompressed
+bytes, so a compression bomb stops at the limit. A failed check is an attempt failure of kind
+`bad_response`: retried on another member while nothing was sent, counted by the breaker, never
+cached.
+
+The checks are top level only and parse a unary body once (its bytes are relayed as received);
+per stream event they are a few byte comparisons, with a slower path only for events that are
+not ASCII (UTF-8 check) or that carry a secret.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+MIB = 1024 * 1024
+
+
+class ResponseLimits(BaseModel):
+    """Bounds on what one provider may send back (decompressed bytes)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_response_bytes: int = Field(
+        16 * MIB,
+        ge=1024,
+        le=1024 * MIB,
+        description="A non-streamed answer. Large float embedding batches may need more.",
+    )
+    max_stream_bytes: int = Field(
+        256 * MIB, ge=1024, le=16 * 1024 * MIB, description="A whole streamed answer."
+    )
+    max_event_bytes: int = Field(
+        1 * MIB, ge=1024, le=256 * MIB, description="One server-sent event of a stream."
+    )
+
+
+class InvalidAnswer(Exception):
+    """An answer that must not count as a success. The message names no upstream content."""
+
+
+# Endpoint -> (list field, what each item must hold, expected type of that field).
+_SHAPES: dict[str, tuple[str, str, tuple[type, ...]]] = {
+    "chat": ("choices", "message", (dict,)),
+    "completions": ("choices", "text", (str,)),
+    "embeddings": ("data", "embedding", (list, str)),
+}
+
+
+def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
+    """The parsed answer when it has the endpoint's shape; raises InvalidAnswer otherwise."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise InvalidAnswer("the answer is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise InvalidAnswer("the answer is not a JSON object")
+    if doc.get("error"):
+        raise InvalidAnswer("the answer is an error object")
+    shape = _SHAPES.get(endpoint)
+    if shape is None:
+        return doc
+    field, member, types = shape
+    items = doc.get(field)
+    if not isinstance(items, list) or not items:
+        raise InvalidAnswer(f"the answer has no '{field}' array")
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get(member), types):
+            raise InvalidAnswer(f"an item of '{field}' has no valid '{member}'")
+    return doc
+
+
+def completion_tokens(doc: dict[str, Any]) -> int | None:
+    usage = doc.get("usage")
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return n if isinstance(n, int) else None
+
+
+# -- streams ---------------------------------------------------------------------------------
+
+_DATA = re.compile(rb"^data:[ \t]*", re.M)
+_ERROR_EVENT = re.compile(rb'^data:[ \t]*\{\s*"error"\s*:\s*[^n\s]', re.M)
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
+
+
+# Lines that may precede the first data line: comments (keep-alives) and SSE fields.
+_NON_DATA_FIELDS = frozenset({b"", b"event", b"id", b"retry"})
+
+
+def is_event_stream(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() == "text/event-stream"
+
+
+def first_event_complete(buf: bytes) -> bool:
+    """Whether ``buf`` holds a complete first data event (comments and SSE fields skipped).
+
+    Raises InvalidAnswer when that event is not an OpenAI stream event (a JSON object or
+    `[DONE]`) or is an error event.
+    """
+    if b"\r" in buf:
+        buf = buf.replace(b"\r\n", b"\n")
+    start = 0
+    while True:
+        end = buf.find(b"\n\n", start)
+        if end < 0:
+            return False
+        event = buf[start : end + 2]
+        m = _DATA.search(event)
+        if m is not None:
+            payload = event[m.end() :].lstrip()
+            if not (payload.startswith(b"{") or payload.startswith(b"[DONE]")):
+                raise InvalidAnswer("the stream's first event is not a JSON chunk")
+            if _ERROR_EVENT.search(event):
+                raise InvalidAnswer("the stream started with an error event")
+            return True
+        fields = {line.split(b":", 1)[0] for line in event.split(b"\n") if line}
+        if not fields <= _NON_DATA_FIELDS:
+            raise InvalidAnswer("the stream does not consist of server-sent events")
+        start = end + 2
+
+
+class StreamCheck:
+    """Per upstream stream: size bound, end marker, error events, UTF-8 and secret redaction."""
+
+    __slots__ = ("done", "finished", "_limit", "_redact", "_size")
+
+    def __init__(self, limits: ResponseLimits, redact: Any = None) -> None:
+        self._limit = limits.max_stream_bytes
+        self._redact = redact  # a Redactor, or None when the gateway holds no secret
+        self._size = 0
+        self.done = False  # `[DONE]` seen
+        self.finished = False  # a chunk with a finish_reason seen
+
+    def count(self, n: int) -> None:
+        """Count raw bytes received; raises InvalidAnswer past the stream limit."""
+        self._size += n
+        if self._size > self._limit:
+            raise InvalidAnswer(f"the stream is larger than {self._limit} bytes")
+
+    def event(self, ev: bytes) -> bytes:
+        """One whole event as it may be relayed (redacted, valid UTF-8); raises InvalidAnswer."""
+        if b"[DONE]" in ev and _DATA.search(ev) and ev.rstrip().endswith(b"[DONE]"):
+            self.done = True
+            return ev
+        if b'"error"' in ev and _ERROR_EVENT.search(ev):
+            raise InvalidAnswer("the provider sent an error event")
+        if not self.finished and b'"finish_reason"' in ev and _FINISH.search(ev):
+            self.finished = True
+        if not ev.isascii():
+            try:
+                ev.decode()
+            except UnicodeDecodeError:
+                # A provider that cut a character between two events: never relay invalid
+                # UTF-8 (clients' JSON parsers reject it); the broken bytes become U+FFFD.
+                ev = ev.decode(errors="replace").encode()
+        redact = self._redact
+        if redact is not None:
+            ev = redact.bytes(ev)
+        return ev
+
+    def complete(self) -> bool:
+        """Did the stream end properly: `[DONE]`, or a finishing chunk (some servers omit DONE)?"""
+        return self.done or self.finished
