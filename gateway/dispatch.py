@@ -93,7 +93,10 @@ class Dispatcher:
         r = self._retriers.get(id(snap))
         if r is None:
             # One budget for the process; settings follow the policy version.
-            self._retriers = {id(snap): Retrier(snap.policy.retry, self.budget)}
+            settings = snap.policy.retry
+            self.budget.ratio = settings.budget_ratio
+            self.budget.min_retries_per_s = settings.budget_min_per_s
+            self._retriers = {id(snap): Retrier(settings, self.budget)}
             r = self._retriers[id(snap)]
         return r
 
