@@ -311,7 +311,10 @@ class UpstreamClient:
                         content = await _read_bounded(resp, self._limits.max_response_bytes)
                     ok = True
                 finally:
-                    resp.release() if ok else resp.close()
+                    if ok:
+                        resp.release()
+                    else:
+                        resp.close()  # an unread rest must not go back to the pool
         except UpstreamFailure:
             raise
         except aiohttp.ConnectionTimeoutError:

@@ -131,14 +131,16 @@ def first_event_complete(buf: bytes) -> bool:
 class StreamCheck:
     """Per upstream stream: size bound, end marker, error events, UTF-8 and secret redaction."""
 
-    __slots__ = ("done", "finished", "_limit", "_redact", "_size")
+    __slots__ = ("done", "_last", "_limit", "_prev", "_redact", "_size")
 
     def __init__(self, limits: ResponseLimits, redact: Any = None) -> None:
         self._limit = limits.max_stream_bytes
         self._redact = redact  # a Redactor, or None when the gateway holds no secret
         self._size = 0
         self.done = False  # `[DONE]` seen
-        self.finished = False  # a chunk with a finish_reason seen
+        # The last two events: a stream without `[DONE]` is complete when one of them finished
+        # the answer (the finish chunk may be followed by a usage chunk). Looked at once, at the end.
+        self._prev = self._last = b""
 
     def count(self, n: int) -> None:
         """Count raw bytes received; raises InvalidAnswer past the stream limit."""
@@ -148,13 +150,11 @@ class StreamCheck:
 
     def event(self, ev: bytes) -> bytes:
         """One whole event as it may be relayed (redacted, valid UTF-8); raises InvalidAnswer."""
-        if b"[DONE]" in ev and _DATA.search(ev) and ev.rstrip().endswith(b"[DONE]"):
+        if b"[DONE]" in ev and ev.rstrip().endswith(b"[DONE]") and _DATA.search(ev):
             self.done = True
             return ev
         if b'"error"' in ev and _ERROR_EVENT.search(ev):
             raise InvalidAnswer("the provider sent an error event")
-        if not self.finished and b'"finish_reason"' in ev and _FINISH.search(ev):
-            self.finished = True
         if not ev.isascii():
             try:
                 ev.decode()
@@ -165,7 +165,13 @@ class StreamCheck:
         redact = self._redact
         if redact is not None:
             ev = redact.bytes(ev)
+        self._prev, self._last = self._last, ev
         return ev
+
+    @property
+    def finished(self) -> bool:
+        """Did one of the last events finish the answer (a `finish_reason` that is not null)?"""
+        return bool(_FINISH.search(self._last) or _FINISH.search(self._prev))
 
     def complete(self) -> bool:
         """Did the stream end properly: `[DONE]`, or a finishing chunk (some servers omit DONE)?"""

@@ -62,7 +62,7 @@ def test_stream_check_end_errors_utf8_and_size() -> None:
     with pytest.raises(InvalidAnswer):
         check.event(b'data: {"error": {"message": "boom"}}\n\n')
     assert check.event(b'data: {"error": null, "x": 1}\n\n')  # a null error is no error
-    fixed = check.event('data: {"c":"ok '.encode() + "€".encode()[:2] + b'"}\n\n')
+    fixed = check.event(b'data: {"c":"ok ' + "€".encode()[:2] + b'"}\n\n')
     fixed.decode()  # valid UTF-8 again
     with pytest.raises(InvalidAnswer):
         check.count(4096)
