@@ -16,7 +16,7 @@ from gateway.context import Context
 from gateway.decide import Decision
 from gateway.errors import GatewayError
 from gateway.resilience.admission import Admission
-from gateway.resilience.failures import FailureKind
+from gateway.resilience.failures import FailureKind, failure_kind
 from gateway.router import Router
 from gateway.runtime import ProviderState, Snapshot
 from gateway.upstream import UpstreamFailure
@@ -159,28 +159,13 @@ def settle_success(member: ProviderState, latency_s: float, admission: Admission
     admission.released()
 
 
-# Failures that took long: the latency estimate must learn that this member is slow now. Fast
-# failures (refused connections, 5xx, 429, broken streams) lower the member's success share
-# instead (Member.fail_fast): a latency penalty would hide the member after a single error, so its
-# breaker would never see the failures it needs to trip (and share with the other replicas), and
-# a recovered member would stay shunned until the penalty decayed.
-_SLOW_FAILURES = frozenset(
-    {
-        FailureKind.CONNECT_TIMEOUT,
-        FailureKind.FIRST_BYTE_TIMEOUT,
-        FailureKind.IDLE_TIMEOUT,
-        FailureKind.TOTAL_TIMEOUT,
-    }
-)
-
-
 def settle_failure(
     member: ProviderState, f: UpstreamFailure, elapsed_s: float, ctx: Context, admission: Admission
 ) -> None:
     ctx.failures.append(f"{member.name}:{f.kind}")
     if ctx.trace is not None:
         ctx.trace.attempt_failed(f)
-    kind = FailureKind(f.kind)
+    kind = failure_kind(f.kind)
     routing = member.member
     if kind is FailureKind.UPSTREAM_4XX:
         routing.release()  # the request's fault, not the member's
@@ -189,10 +174,11 @@ def settle_failure(
         return
     if kind is FailureKind.UPSTREAM_AUTH:
         member.auth_failed_at = time.monotonic()
-    if kind in _SLOW_FAILURES:
-        routing.end(elapsed_s, ok=False, error_kind=f.kind)
-    else:
-        routing.fail_fast(f.kind)
+    # Every other failure, fast or slow, whatever its kind (broken answers included), lowers the
+    # member's success share without touching its latency estimate (see Member.fail_fast): a
+    # latency penalty would hide the member after a single error, so its breaker would never
+    # see the failures it needs to trip, and a recovered member would stay shunned for minutes.
+    routing.fail_fast(f.kind)
     member.breaker.record_failure(kind)
     if kind is FailureKind.RATE_LIMITED:
         member.breaker.cool_down(f.retry_after if f.retry_after is not None else 1.0)

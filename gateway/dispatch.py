@@ -10,15 +10,17 @@ the same client stream); otherwise it ends with an OpenAI-shaped error event.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.accept import PATHS, Accepted
 from gateway.attempts import Candidates, settle_cancelled, settle_failure, settle_success
@@ -29,7 +31,7 @@ from gateway.errors import GatewayError
 from gateway.redact import Redactor, sanitize_message
 from gateway.resilience.admission import Admission
 from gateway.resilience.budget import RetryBudget
-from gateway.resilience.failures import FailureKind
+from gateway.resilience.failures import failure_kind
 from gateway.resilience.retry import Retrier
 from gateway.router import Router
 from gateway.routing.member import SignalKind, latency_signal
@@ -38,6 +40,8 @@ from gateway.sse import DONE, EventTooLarge, SSESplitter, encode_event, event_da
 from gateway.telemetry import upstream_headers
 from gateway.upstream import UpstreamFailure, UpstreamResponse, UpstreamStream
 from gateway.validate import InvalidAnswer, StreamCheck, check_unary, completion_tokens
+
+log = logging.getLogger("gateway")
 
 CLIENT_ERRORS = frozenset({"upstream_4xx"})
 _EXHAUSTED_STATUS = {
@@ -69,6 +73,12 @@ Call = Callable[[ProviderState], Awaitable[T]]
 OnComplete = Callable[[bytes], None]
 # Called when a stream ends without a complete answer.
 OnAbort = Callable[[], None]
+
+
+def attempt_error(exc: Exception) -> UpstreamFailure:
+    """An unexpected exception inside an attempt, as that attempt's failure (logged once)."""
+    log.warning("attempt failed with an unexpected %s", type(exc).__name__, exc_info=exc)
+    return UpstreamFailure("attempt_error", type(exc).__name__)
 
 
 class PassThrough(Exception):
@@ -112,7 +122,7 @@ class Dispatcher:
 
     async def _next_attempt(self, retrier: Retrier, attempt: int, f: UpstreamFailure) -> bool:
         """After a failed attempt: may we try again? Sleeps the backoff when yes."""
-        if not retrier.should_retry(attempt, FailureKind(f.kind), bytes_sent_to_client=False):
+        if not retrier.should_retry(attempt, failure_kind(f.kind), bytes_sent_to_client=False):
             return False
         delay = retrier.delay_s(attempt)
         if delay:
@@ -135,7 +145,12 @@ class Dispatcher:
             start = member.member.begin()
             member.requests += 1
             try:
-                return await call(member), member, start
+                try:
+                    return await call(member), member, start
+                except UpstreamFailure:
+                    raise
+                except Exception as e:  # never a 500: a failure of this attempt like any other
+                    raise attempt_error(e) from None
             except UpstreamFailure as f:
                 last = f
                 settle_failure(member, f, time.monotonic() - start, ctx, self.admission)
@@ -214,9 +229,7 @@ class Dispatcher:
         headers = {**stream.headers, **ctx.headers()}
         headers.pop("content-type", None)
         relay = StreamRelay(self, snap, acc, decision, ctx, candidates, on_complete, on_abort)
-        return StreamingResponse(
-            relay.run(stream, member, start), media_type="text/event-stream", headers=headers
-        )
+        return RelayResponse(relay, stream, member, start, headers)
 
     @staticmethod
     def passthrough_error(
@@ -301,6 +314,41 @@ class Dispatcher:
         return err
 
 
+class RelayResponse(StreamingResponse):
+    """The client's stream. However sending ends (finished, client gone before or during the
+    stream, server stopping), `abandon` settles the attempt and records the request once."""
+
+    def __init__(
+        self,
+        relay: StreamRelay,
+        stream: UpstreamStream,
+        member: ProviderState,
+        start: float,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(
+            relay.run(stream, member, start), media_type="text/event-stream", headers=headers
+        )
+        self.relay = relay
+        self._first = (stream, member)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.abandon()
+
+    async def abandon(self) -> None:
+        """Idempotent clean-up once sending has ended, whichever way."""
+        gen = self.body_iterator
+        aclose = getattr(gen, "aclose", None)
+        if aclose is not None:
+            await aclose()  # suspended mid-stream: runs the relay's own clean-up
+        if not self.relay.started:
+            stream, member = self._first
+            await self.relay.never_started(stream, member)
+
+
 class StreamRelay:
     """Forwards one client stream: whole SSE events as they arrive, resuming on breaks."""
 
@@ -323,14 +371,32 @@ class StreamRelay:
         self.resumed_from: str | None = None
         self._partial_tokens = 0  # output already sent when the stream was last resumed
         self._broken: UpstreamFailure | None = None
+        self.started = False
+        self._settled_unstarted = False
+        self._fwd: AsyncGenerator[bytes, None] | None = None
+
+    async def never_started(self, stream: UpstreamStream, member: ProviderState) -> None:
+        """The client went away before the first byte was sent: free the attempt, record."""
+        if self.started or self._settled_unstarted:
+            return
+        self._settled_unstarted = True
+        settle_cancelled(member, self.d.admission)
+        await stream.aclose()
+        if self.on_abort is not None:
+            self.on_abort()
+        if self.ctx.status == 200:
+            self.ctx.status = 499
+        self.ctx.done()
 
     async def run(
         self, stream: UpstreamStream, member: ProviderState, start: float
     ) -> AsyncIterator[bytes]:
+        self.started = True
         completed = False
         try:
             while True:
-                async for ev in self._forward(stream, member, start):
+                fwd = self._fwd = self._forward(stream, member, start)
+                async for ev in fwd:
                     yield ev
                 if self._broken is None:
                     completed = True
@@ -349,7 +415,13 @@ class StreamRelay:
                     yield encode_event(err.to_bytes())
                     break
                 stream, member, start = reopened
+        except Exception as e:  # resuming failed unexpectedly: end the stream in shape
+            log.warning("stream relay failed: %s", type(e).__name__, exc_info=e)
+            err = GatewayError(502, "The upstream stream broke.", code="attempt_error")
+            yield encode_event(err.to_bytes())
         finally:
+            if self._fwd is not None:
+                await self._fwd.aclose()  # settles the attempt now, not when collected
             asm = self.assembler
             if completed and asm is not None and self.on_complete is not None and asm.complete():
                 self.on_complete(orjson.dumps(asm.to_completion()))
@@ -361,7 +433,7 @@ class StreamRelay:
 
     async def _forward(
         self, stream: UpstreamStream, member: ProviderState, start: float
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """Relay one upstream stream; sets self._broken when it fails mid-way."""
         self._broken: UpstreamFailure | None = None
         limits = member.config.limits
@@ -411,7 +483,10 @@ class StreamRelay:
             f = UpstreamFailure("bad_response", str(e))
             settle_failure(member, f, time.monotonic() - start, self.ctx, self.d.admission)
             self._broken = f
-        except UpstreamFailure as f:
+        except Exception as e:
+            # An unexpected exception while relaying is this attempt's failure too: resumed on
+            # another member or ended with an error event, never a cut connection.
+            f = e if isinstance(e, UpstreamFailure) else attempt_error(e)
             settled = True
             settle_failure(member, f, time.monotonic() - start, self.ctx, self.d.admission)
             self._broken = f
@@ -430,7 +505,7 @@ class StreamRelay:
             return None
         retrier = self.d.retrier(self.snap)
         if not retrier.should_retry(
-            self.ctx.attempts, FailureKind(broke.kind), bytes_sent_to_client=False
+            self.ctx.attempts, failure_kind(broke.kind), bytes_sent_to_client=False
         ):
             return None
         partial = asm.content(0)

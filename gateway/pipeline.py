@@ -97,7 +97,15 @@ class Pipeline:
         ctx = Context(request.headers.get("x-request-id") or new_request_id(), time.perf_counter())
         ctx.endpoint = endpoint
         self.tracing.begin(ctx, request)  # root span, only when tracing is on
-        response = await self._handle(request, ctx)
+        try:
+            response = await self._handle(request, ctx)
+        except Exception as exc:  # a bug: still an answer in the API's shape, and recorded
+            log.exception("unexpected error", exc_info=exc)
+            response = errors.internal_error().to_response(ctx.headers())
+        except BaseException:  # cancelled before any answer (server stopping): still recorded
+            ctx.status = ctx.status or 499
+            self.record(ctx)
+            raise
         ctx.status = response.status_code
         if isinstance(response, StreamingResponse):
             ctx.on_done = self.record  # 7. Record, once the stream has ended

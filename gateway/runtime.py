@@ -8,8 +8,6 @@ over to the new snapshot for providers that remain.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -146,22 +144,22 @@ class Runtime:
         )
 
     def apply(self, policy: Policy) -> Snapshot:
-        """Swap in a validated policy; in-flight requests finish on the snapshot they hold."""
+        """Swap in a validated policy; in-flight requests finish on the snapshot they hold.
+
+        Replaced clients close their pools when their last request is done (see
+        `UpstreamClient.retire`), so reloads in quick succession never close a pool in use.
+        """
         self.snapshot = self._build(policy)
-        if self._retired:
-            # Give requests still using the old clients time to finish before closing them.
-            with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().call_later(
-                    max(p.timeouts.total_s for p in policy.providers.values()),
-                    lambda: asyncio.ensure_future(self.close_retired()),
-                )
+        for c in self._retired:
+            c.retire()
+        self._retired = [c for c in self._retired if c.users > 0 or c.open]
         return self.snapshot
 
     def apply_version(self, policy: Policy) -> str:
         return self.apply(policy).version
 
     async def close_retired(self) -> None:
-        """Close clients of removed/changed providers (after in-flight requests had time to end)."""
+        """Close clients of removed/changed providers now (at shutdown)."""
         retired, self._retired = self._retired, []
         for c in retired:
             await c.aclose()

@@ -91,6 +91,9 @@ async def send_stream(response: StreamingResponse, receive: Receive, send: Send)
         state["running"] = False
         listener.remove_done_callback(on_message)
         listener.cancel()
+        abandon = getattr(response, "abandon", None)
+        if abandon is not None:
+            await abandon()  # the attempt settled and the request recorded, however it ended
 
 
 async def _disconnected(receive: Receive) -> bool:

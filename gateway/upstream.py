@@ -12,10 +12,11 @@ measured: ~400 req/s with httpx vs thousands with aiohttp at 32 concurrent conne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,6 +177,7 @@ class UpstreamStream:
     _deadline: float
     _idle_s: float
     closed: bool = field(default=False)
+    _release: Callable[[], None] | None = None  # gives the client's pool back (once)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The remaining raw chunks; raises UpstreamFailure(idle_timeout|total_timeout|stream_broken)."""
@@ -217,6 +219,9 @@ class UpstreamStream:
                 self._response.release()  # the connection goes back to the pool
             else:
                 self._response.close()
+            release, self._release = self._release, None
+            if release is not None:
+                release()
 
 
 class UpstreamClient:
@@ -224,6 +229,11 @@ class UpstreamClient:
 
     The aiohttp session belongs to an event loop, so it is created on first use in the running
     loop (the policy and this client may be built before the server's loop starts).
+
+    Its lifetime follows the requests using it: every call (and every open stream) holds a
+    reference; a client a reload replaced is `retire`d and its connection pool closes when the
+    last reference is given back, never under a request still using it, however many reloads
+    come in between.
     """
 
     def __init__(self, name: str, config: Provider, api_key: str | None) -> None:
@@ -239,6 +249,36 @@ class UpstreamClient:
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timeouts: tuple[Timeouts, aiohttp.ClientTimeout] | None = None
+        self.users = 0  # calls and open streams holding the connection pool
+        self.retired = False
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def _hold(self) -> None:
+        self.users += 1
+
+    def _give_back(self) -> None:
+        self.users -= 1
+        if self.users <= 0 and self.retired:
+            self._close_soon()
+
+    def retire(self) -> None:
+        """No new request will choose this client: close its pool once the last user is done."""
+        self.retired = True
+        if self.users <= 0:
+            self._close_soon()
+
+    @property
+    def open(self) -> bool:
+        """A connection pool exists and is not closed."""
+        return self._session is not None and not self._session.closed
+
+    def _close_soon(self) -> None:
+        if self._session is None or self._session.closed:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: Runtime.aclose closes it
+            task = asyncio.get_running_loop().create_task(self.aclose())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -299,6 +339,15 @@ class UpstreamClient:
         self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
     ) -> UpstreamResponse:
         """A non-streaming call. The whole generation precedes the first byte, so total_s applies."""
+        self._hold()
+        try:
+            return await self._send(path, body, headers, timeouts)
+        finally:
+            self._give_back()
+
+    async def _send(
+        self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
+    ) -> UpstreamResponse:
         start = time.monotonic()
         try:
             async with asyncio.timeout(timeouts.total_s):
@@ -345,6 +394,18 @@ class UpstreamClient:
         stream (HTML, a JSON body, an error event, a stream that ends first) is a `bad_response`
         that can still be retried on another member.
         """
+        self._hold()
+        try:
+            stream = await self._open_stream(path, body, headers, timeouts)
+        except BaseException:
+            self._give_back()
+            raise
+        stream._release = self._give_back  # held until the stream is closed
+        return stream
+
+    async def _open_stream(
+        self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
+    ) -> UpstreamStream:
         start = time.monotonic()
         deadline = start + timeouts.total_s
         resp: aiohttp.ClientResponse | None = None
@@ -375,6 +436,10 @@ class UpstreamClient:
                 resp.close()
                 raise UpstreamFailure("stream_broken", type(e).__name__) from None
             raise UpstreamFailure("connect_error", type(e).__name__) from None
+        except BaseException:
+            if resp is not None:  # cancelled (client gone, hedge lost): free the connection
+                resp.close()
+            raise
         return UpstreamStream(
             status=resp.status,
             headers=self._forward(resp.headers),

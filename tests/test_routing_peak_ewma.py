@@ -84,18 +84,32 @@ def test_reading_does_not_change_the_state() -> None:
     assert a.estimate() == b.estimate()
 
 
-def test_failure_counts_as_a_high_latency() -> None:
+def test_failures_hold_the_estimate_without_changing_it() -> None:
     c = Clock()
-    e = make(c, failure_penalty_s=5.0, failure_multiplier=4.0)
-    e.observe_failure(0.001)  # a fast failure on a fresh member
-    assert e.estimate() == 5.0
-    e2 = make(c, failure_penalty_s=5.0, failure_multiplier=4.0)
-    e2.observe(2.0)
-    e2.observe_failure(0.01)
-    assert e2.estimate() == 8.0  # estimate x multiplier beats the floor
-    e3 = make(c, failure_penalty_s=5.0)
-    e3.observe_failure(30.0)  # a timeout: its own latency is higher still
-    assert e3.estimate() == 30.0
+    e = make(c, decay_s=10.0)
+    e.observe(0.2)
+    c.t += 10.0
+    e.hold()  # a failure: no faster than before, but no slower either
+    held = e.estimate()
+    assert held == pytest.approx(0.2 * math.exp(-1))
+    c.t += 0.5
+    e.hold()  # failing meanwhile is no quiet spell: the estimate keeps its value
+    assert e.estimate() == pytest.approx(held)
+    c.t += 10.0  # once failures stop, it decays again
+    assert e.estimate() == pytest.approx(held * math.exp(-1))
+    assert e.observations == 1
+
+
+def test_estimate_stays_finite_whatever_it_is_fed() -> None:
+    c = Clock()
+    e = make(c)
+    for bad in (float("inf"), 1e300, -5.0, float("nan")):
+        e.observe(bad)
+        assert math.isfinite(e.estimate())
+    assert e.estimate() <= 3600.0
+    c.t += 1.0
+    e.observe(0.05)
+    assert math.isfinite(e.cost(10**6))
 
 
 def test_cost_scales_with_in_flight() -> None:
@@ -113,7 +127,7 @@ def test_decay_must_be_positive() -> None:
 
 def test_member_begin_end_tracks_load_and_outcome() -> None:
     c = Clock()
-    m = BalancerSettings(failure_penalty_ms=3000).make_member("a", max_inflight=2, clock=c)
+    m = BalancerSettings().make_member("a", max_inflight=2, clock=c)
     assert m.has_capacity()
     m.begin()
     m.begin()
@@ -121,10 +135,12 @@ def test_member_begin_end_tracks_load_and_outcome() -> None:
     m.end(0.25)
     assert m.inflight == 1 and m.ewma.estimate() == 0.25
     c.t += 1
-    m.end(0.01, ok=False, error_kind="http_503")
+    m.end(30.0, ok=False, error_kind="first_byte_timeout")
     assert m.inflight == 0
-    assert (m.failures, m.last_error_kind, m.last_error_at) == (1, "http_503", c.t)
-    assert m.ewma.estimate() == 3.0
+    assert (m.failures, m.last_error_kind, m.last_error_at) == (1, "first_byte_timeout", c.t)
+    # The failure's 30 s never enter the latency estimate; the failure share carries it.
+    assert m.ewma.estimate() == pytest.approx(0.25 * math.exp(-1 / 10))
+    assert m.failure_share() > 0.1
     m.release()  # never below zero
     assert m.inflight == 0
 
@@ -149,10 +165,11 @@ def test_latency_signal_rule() -> None:
 
 
 def test_settings_configure_the_estimate() -> None:
-    s = BalancerSettings.model_validate(
-        {"decay_s": 5, "penalty_ms": 1000, "failure_penalty_ms": 200, "failure_multiplier": 2}
-    )
+    s = BalancerSettings.model_validate({"decay_s": 5, "penalty_ms": 1000, "failure_decay_s": 3})
     e = s.make_ewma(Clock())
-    assert (e.penalty_s, e.failure_penalty_s, e.failure_multiplier) == (1.0, 0.2, 2.0)
+    assert e.penalty_s == 1.0
+    assert s.make_member("a", clock=Clock()).failure_decay_s == 3.0
     with pytest.raises(ValueError):
         BalancerSettings.model_validate({"strategy": "fastest"})
+    with pytest.raises(ValueError):
+        BalancerSettings.model_validate({"failure_decay_s": 0})

@@ -29,6 +29,18 @@ class FailureKind(StrEnum):
     # A 200 that is not a valid answer: not JSON of the endpoint's shape, a stream that is not
     # SSE or ends without its final event, or an answer over the size limits.
     BAD_RESPONSE = "bad_response"
+    # An unexpected exception inside an attempt (a bug or a library error on an odd answer):
+    # a failure of that attempt like any other, retried on another member, never a 500.
+    ATTEMPT_ERROR = "attempt_error"
+
+
+def failure_kind(kind: str) -> FailureKind:
+    """The kind named by an attempt failure; a name this build does not know counts as a
+    member failure (retried, fed to the breaker and the balancer), never as a crash."""
+    try:
+        return FailureKind(kind)
+    except ValueError:
+        return FailureKind.ATTEMPT_ERROR
 
 
 # A client error is the caller's fault: another member would answer the same.

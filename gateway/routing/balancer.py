@@ -40,22 +40,17 @@ class BalancerSettings(BaseModel):
     penalty_ms: float = Field(
         default=60_000.0, ge=0, description="cost of an unmeasured member with requests in flight"
     )
-    failure_penalty_ms: float = Field(
-        default=5_000.0, ge=0, description="lowest latency a failure counts as"
-    )
-    failure_multiplier: float = Field(
-        default=4.0, ge=1.0, description="a failure counts as at least estimate x this"
+    failure_decay_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="time constant with which a member's failure share fades once failures "
+        "stop (a failing member costs up to 20x more; failures never enter the latency estimate)",
     )
 
     def make_ewma(self, clock: Clock = time.monotonic) -> PeakEwma:
         """A fresh latency estimate configured by these settings."""
-        return PeakEwma(
-            decay_s=self.decay_s,
-            penalty_s=self.penalty_ms / 1000.0,
-            failure_penalty_s=self.failure_penalty_ms / 1000.0,
-            failure_multiplier=self.failure_multiplier,
-            clock=clock,
-        )
+        return PeakEwma(decay_s=self.decay_s, penalty_s=self.penalty_ms / 1000.0, clock=clock)
 
     def make_member(
         self,
@@ -65,7 +60,14 @@ class BalancerSettings(BaseModel):
         clock: Clock = time.monotonic,
     ) -> Member:
         """A member whose estimate uses these settings."""
-        return Member(name, weight, max_inflight, ewma=self.make_ewma(clock), clock=clock)
+        return Member(
+            name,
+            weight,
+            max_inflight,
+            ewma=self.make_ewma(clock),
+            clock=clock,
+            failure_decay_s=self.failure_decay_s,
+        )
 
 
 class Balancer(Protocol):

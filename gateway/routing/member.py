@@ -10,6 +10,7 @@ than about the member's speed).
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Literal
 
@@ -17,10 +18,11 @@ from gateway.routing.peak_ewma import Clock, PeakEwma
 
 SignalKind = Literal["ttft", "per_token", "total"]
 
-# Weight of the newest outcome in the moving failure share (about the last 10 outcomes count).
+# Least weight of the newest outcome in the moving failure share (about the last 10 outcomes
+# count under load; when outcomes are sparse, time weighs more, see `Member._outcome`).
 ERROR_ALPHA = 0.1
 # A member failing everything costs at most 20x its latency-based cost (the breaker handles more).
-MIN_SUCCESS_SHARE = 0.05
+MAX_FAILURE_FACTOR = 20.0
 
 
 def latency_signal(
@@ -47,13 +49,29 @@ def latency_signal(
     return total_s
 
 
+def failure_factor(share: float) -> float:
+    """Cost multiplier for a member whose recent outcomes failed in this share.
+
+    1 / success_share squared: the first failures cost little (a member must keep some traffic
+    for its breaker to see them), a member failing most of its requests costs 10-20x, more than
+    the in-flight load of its healthy peers can offset (a fast failure finishes at once, so its
+    member always looks idle).
+    """
+    success = 1.0 - share
+    if success <= 0:
+        return MAX_FAILURE_FACTOR
+    return min(MAX_FAILURE_FACTOR, 1.0 / (success * success))
+
+
 class Member:
     """Routing state of one upstream: weight, concurrency limit, load, latency."""
 
     __slots__ = (
         "_clock",
-        "error_rate",
+        "_fail_share",
+        "_fail_stamp",
         "ewma",
+        "failure_decay_s",
         "failures",
         "inflight",
         "last_error_at",
@@ -70,9 +88,12 @@ class Member:
         max_inflight: int | None = None,
         ewma: PeakEwma | None = None,
         clock: Clock = time.monotonic,
+        failure_decay_s: float = 2.0,
     ) -> None:
         if weight < 0:
             raise ValueError("weight must be >= 0")
+        if failure_decay_s <= 0:
+            raise ValueError("failure_decay_s must be > 0")
         if max_inflight is not None and max_inflight < 1:
             raise ValueError("max_inflight must be >= 1 or None")
         self.name = name
@@ -82,7 +103,11 @@ class Member:
         self.ewma = ewma if ewma is not None else PeakEwma(clock=clock)
         self.inflight = 0
         self.failures = 0
-        self.error_rate = 0.0  # moving share of recent outcomes that failed
+        # Moving share of recent outcomes that failed, forgotten with time constant
+        # `failure_decay_s` while nothing happens: a shunned member is probed again soon.
+        self.failure_decay_s = failure_decay_s
+        self._fail_share = 0.0
+        self._fail_stamp = clock()
         self.last_error_at: float | None = None
         self.last_error_kind: str | None = None
 
@@ -93,17 +118,38 @@ class Member:
         """False when the member's concurrency limit is reached."""
         return self.max_inflight is None or self.inflight < self.max_inflight
 
+    def failure_share(self, now: float | None = None) -> float:
+        """Share of recent outcomes that failed, in [0, 1], decayed to `now`."""
+        share = self._fail_share
+        if not share:
+            return 0.0
+        if now is None:
+            now = self._clock()
+        dt = now - self._fail_stamp
+        return share if dt <= 0 else share * math.exp(-dt / self.failure_decay_s)
+
+    @property
+    def error_rate(self) -> float:
+        return self.failure_share()
+
     def cost(self, now: float | None = None) -> float:
         """PeakEWMA cost x (in-flight + 1), divided by weight (weight 0 = never) and by the
-        recent success share, so a member that fails fast never looks fast."""
+        recent success share, so a member that fails (fast or slow) never looks fast.
+
+        Bounded: at most MAX_FAILURE_FACTOR times the latency cost, and the failure share
+        fades within seconds once failures stop, so no sequence of failures starves a member.
+        """
         if self.weight <= 0:
             return float("inf")
+        if now is None:
+            now = self._clock()
+        share = self.failure_share(now)
         base = self.ewma.cost(self.inflight, now)
-        if self.error_rate and not self.ewma.has_history:
-            # Never answered, only failed: as unknown as a member being probed, not free.
-            base = max(base, self.ewma.penalty_s)
-        success = max(MIN_SUCCESS_SHARE, 1.0 - self.error_rate)
-        return base / (self.weight * success)
+        if share and not self.ewma.has_history:
+            # Never answered, only failed: as unknown as a member being probed (not free), until
+            # the failures fade.
+            base = max(base, share * self.ewma.penalty_s)
+        return base * failure_factor(share) / self.weight
 
     def begin(self) -> float:
         """Count a request as in flight; returns its start time on the member's clock."""
@@ -113,34 +159,46 @@ class Member:
     def end(self, latency_s: float, ok: bool = True, error_kind: str | None = None) -> None:
         """Finish a request begun with `begin()` and record its outcome.
 
-        `latency_s` is the signal chosen by the caller (see `latency_signal`).
-        A failure is recorded as a penalised latency (see PeakEwma).
+        `latency_s` is the signal chosen by the caller (see `latency_signal`). Only successes
+        feed the latency estimate; a failure, fast or slow, raises the failure share instead.
         """
         if self.inflight > 0:
             self.inflight -= 1
         now = self._clock()
         if ok:
-            self.error_rate *= 1.0 - ERROR_ALPHA
+            self._outcome(now, 0.0)
             self.ewma.observe(latency_s, now)
             return
         self._failed(now, error_kind)
-        self.ewma.observe_failure(latency_s, now)
 
     def fail_fast(self, error_kind: str | None = None) -> None:
-        """Finish a request that failed at once (refused, 5xx, 429, broken stream).
+        """Finish a request that failed (refused, 5xx, 429, broken answer, timeout...).
 
-        Its time says nothing about the member's speed, so the latency estimate is left alone;
-        the failure lowers the member's success share instead (see `cost`). A dead member thus
+        A failure's time says nothing reliable about the member's speed (a hang lasts as long as
+        our own timeout; a broken answer is quick), so the latency estimate is only held where
+        it is; the failure lowers the member's success share (see `cost`). A dead member thus
         loses traffic gradually and keeps getting enough of it for its breaker to trip quickly
-        (and tell the other replicas), and a recovered one is not shunned for minutes.
+        (and tell the other replicas), and a recovered one is back within seconds.
         """
         if self.inflight > 0:
             self.inflight -= 1
         self._failed(self._clock(), error_kind)
 
+    def _outcome(self, now: float, failed: float) -> None:
+        """Fold one outcome (1.0 failed, 0.0 succeeded) into the failure share."""
+        current = self.failure_share(now)
+        dt = max(now - self._fail_stamp, 0.0)
+        # Under load each outcome weighs ERROR_ALPHA; when outcomes are sparse, elapsed time
+        # does (like the latency estimate), so a lone failure after a quiet spell counts more
+        # (at most half: one outcome alone never makes a member look all-failing).
+        alpha = max(ERROR_ALPHA, min(0.5, 1.0 - math.exp(-dt / self.failure_decay_s)))
+        self._fail_share = current * (1.0 - alpha) + failed * alpha
+        self._fail_stamp = now
+
     def _failed(self, now: float, error_kind: str | None) -> None:
         self.failures += 1
-        self.error_rate = self.error_rate * (1.0 - ERROR_ALPHA) + ERROR_ALPHA
+        self._outcome(now, 1.0)
+        self.ewma.hold(now)
         self.last_error_at = now
         self.last_error_kind = error_kind or "error"
 

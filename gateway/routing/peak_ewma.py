@@ -13,9 +13,11 @@ No history: like Finagle, a member nobody has measured costs 0 while idle
 (so it is probed at once) and `penalty_s + in_flight` while its first
 requests are in flight (so it is not flooded before its first answer).
 
-Failures: an error is observed as a latency of
-`max(latency, estimate * failure_multiplier, failure_penalty_s)`, so a
-member that fails fast never looks fast.
+Failures are not latencies: they never enter the estimate (a member's
+failure share is kept next to it, see `Member`). A failure only `hold`s the
+estimate where it is: a member that keeps failing is no evidence of a member
+that got faster, so its estimate must not decay towards zero meanwhile.
+Every input is clamped to `[0, MAX_LATENCY_S]`, so the estimate is always finite.
 """
 
 from __future__ import annotations
@@ -26,38 +28,26 @@ from collections.abc import Callable
 
 Clock = Callable[[], float]
 
+# No observation counts as more than an hour: the estimate stays finite whatever it is fed.
+MAX_LATENCY_S = 3600.0
+
 
 class PeakEwma:
     """Latency estimate in seconds; not thread-safe (one event loop owns it)."""
 
-    __slots__ = (
-        "_clock",
-        "_cost",
-        "_stamp",
-        "_tau",
-        "failure_multiplier",
-        "failure_penalty_s",
-        "observations",
-        "penalty_s",
-    )
+    __slots__ = ("_clock", "_cost", "_holding", "_stamp", "_tau", "observations", "penalty_s")
 
     def __init__(
-        self,
-        decay_s: float = 10.0,
-        penalty_s: float = 60.0,
-        failure_penalty_s: float = 5.0,
-        failure_multiplier: float = 4.0,
-        clock: Clock = time.monotonic,
+        self, decay_s: float = 10.0, penalty_s: float = 60.0, clock: Clock = time.monotonic
     ) -> None:
         if decay_s <= 0:
             raise ValueError("decay_s must be > 0")
         self._tau = decay_s
         self.penalty_s = penalty_s
-        self.failure_penalty_s = failure_penalty_s
-        self.failure_multiplier = failure_multiplier
         self._clock = clock
         self._cost = 0.0
         self._stamp = clock()
+        self._holding = False  # the last event was a failure
         self.observations = 0
 
     @property
@@ -75,23 +65,29 @@ class PeakEwma:
 
     def observe(self, latency_s: float, now: float | None = None) -> None:
         """Fold one successful observation into the estimate."""
+        if latency_s != latency_s:  # NaN says nothing
+            return
         if now is None:
             now = self._clock()
-        latency_s = max(latency_s, 0.0)
+        latency_s = min(max(latency_s, 0.0), MAX_LATENCY_S)
         dt = max(now - self._stamp, 0.0)
         w = math.exp(-dt / self._tau)
         decayed = self._cost * w
         # Peak: a slower observation replaces the estimate outright.
         self._cost = latency_s if latency_s > decayed else decayed + latency_s * (1.0 - w)
         self._stamp = now
+        self._holding = False
         self.observations += 1
 
-    def observe_failure(self, latency_s: float = 0.0, now: float | None = None) -> None:
-        """Fold a failure in as a high latency (never lower than the penalty floor)."""
+    def hold(self, now: float | None = None) -> None:
+        """A failure: time spent failing does not count as a quiet spell, so the estimate keeps
+        its value from one failure to the next instead of decaying towards zero meanwhile."""
         if now is None:
             now = self._clock()
-        current = self.estimate(now)
-        self.observe(max(latency_s, current * self.failure_multiplier, self.failure_penalty_s), now)
+        if not self._holding:
+            self._cost = self.estimate(now)  # the quiet spell before the first failure counts
+            self._holding = True
+        self._stamp = max(self._stamp, now)
 
     def cost(self, in_flight: int, now: float | None = None) -> float:
         """Load-weighted cost for power-of-two-choices: estimate x (in_flight + 1)."""
