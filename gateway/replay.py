@@ -122,6 +122,20 @@ class RedisReplayQueue:
                 raise
         self._group_ready = True
 
+    async def _grouped(self, op: Callable[[], Awaitable[Any]]) -> Any:
+        """Run a consumer-group command; when Redis lost the group (restarted empty), recreate
+        it once and run the command again: requests queued since then are then read too."""
+        await self._ensure_group()
+        try:
+            return await op()
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._group_ready = False
+            log.warning("replay queue %s: consumer group gone, recreating it", self.stream)
+            await self._ensure_group()
+            return await op()
+
     async def enqueue(self, request_id: str, tenant: str, alias: str, body: Body) -> None:
         await self._ensure_group()
         if await self.redis.xlen(self.stream) >= self.settings.max_len:
@@ -142,9 +156,10 @@ class RedisReplayQueue:
         await self.redis.set(key, orjson.dumps(doc), ex=self.settings.result_ttl_s)
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[ReplayEntry]:
-        await self._ensure_group()
-        reply: Any = await self.redis.xreadgroup(
-            self.GROUP, consumer, {self.stream: ">"}, count=count, block=block_ms
+        reply: Any = await self._grouped(
+            lambda: self.redis.xreadgroup(
+                self.GROUP, consumer, {self.stream: ">"}, count=count, block=block_ms
+            )
         )
         # RESP2 answers [[stream, msgs]], RESP3 answers {stream: [msgs]}
         if isinstance(reply, dict):
@@ -154,28 +169,29 @@ class RedisReplayQueue:
         return [_entry(eid, f) for eid, f in msgs if f]
 
     async def claim_stale(self, consumer: str, min_idle_ms: int, count: int) -> list[ReplayEntry]:
-        await self._ensure_group()
-        reply: Any = await self.redis.xautoclaim(
-            self.stream, self.GROUP, consumer, min_idle_ms, start_id="0-0", count=count
+        reply: Any = await self._grouped(
+            lambda: self.redis.xautoclaim(
+                self.stream, self.GROUP, consumer, min_idle_ms, start_id="0-0", count=count
+            )
         )
         return [_entry(eid, f) for eid, f in reply[1] if f]
 
     async def touch(self, consumer: str, entry_ids: list[str]) -> None:
         if entry_ids:  # claiming to itself resets the idle time: "still working on these"
-            await self.redis.xclaim(
-                self.stream,
-                self.GROUP,
-                consumer,
-                0,
-                list[Any](entry_ids),
-                justid=True,
+            await self._grouped(
+                lambda: self.redis.xclaim(
+                    self.stream, self.GROUP, consumer, 0, list[Any](entry_ids), justid=True
+                )
             )
 
     async def ack(self, entry_id: str) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xack(self.stream, self.GROUP, entry_id)
-            pipe.xdel(self.stream, entry_id)  # keeps XLEN = requests not yet done
-            await pipe.execute()
+        async def ack_and_delete() -> None:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xack(self.stream, self.GROUP, entry_id)
+                pipe.xdel(self.stream, entry_id)  # keeps XLEN = requests not yet done
+                await pipe.execute()
+
+        await self._grouped(ack_and_delete)
 
     async def depth(self) -> int:
         return int(await self.redis.xlen(self.stream))
