@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from loadtests.simulator.testing import Fleet
 from tests.test_resilience_helpers import (  # noqa: F401 - fixtures
+    Gateway,
     RedisProcess,
     fleet_of,
     healthy_fleet,
@@ -59,8 +61,11 @@ def status(url: str, rid: str) -> str:
 
 
 def test_queued_requests_replayed_after_redis_restarted_empty(
-    fleet: Fleet, start_gateway, redis_server: RedisProcess, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+    fleet: Fleet,
+    start_gateway: Callable[..., Gateway],  # noqa: F811
+    redis_server: RedisProcess,
+    tmp_path: Path,
+) -> None:
     (tmp_path / "rules.yaml").write_text(RULES)
     policy = f"""
 providers:
