@@ -220,3 +220,73 @@ def test_cut_stream_then_continuation_rebuilds_the_answer(
         url + "/chat/completions", json={**body, "messages": messages, "max_tokens": 7}
     ).json()
     assert partial + rest["choices"][0]["message"]["content"] == full
+
+
+@pytest.mark.parametrize("kind", ["garbage_json", "html", "truncated_json"])
+def test_broken_bodies_with_status_200(
+    fleet: Fleet, url: str, client: httpx.Client, kind: str
+) -> None:
+    fleet.set_faults("f", broken_body=kind)
+    r = client.post(url + "/chat/completions", json=BODY)
+    assert r.status_code == 200
+    assert not _parses(r.content)
+    if kind == "html":
+        assert r.headers["content-type"].startswith("text/html")
+    s = client.post(url + "/chat/completions", json={**BODY, "stream": True})
+    assert s.status_code == 200 and b"[DONE]" not in s.content
+    fleet.set_faults("f", broken_body=kind, broken_rate=0.5)
+    ok = Counter(
+        _parses(client.post(url + "/chat/completions", json=BODY).content) for _ in range(30)
+    )
+    assert set(ok) == {True, False}
+
+
+def _parses(body: bytes) -> bool:
+    try:
+        json.loads(body)
+    except ValueError:  # invalid JSON, or not even UTF-8
+        return False
+    return True
+
+
+def test_stream_ends_cleanly_without_done(fleet: Fleet, url: str, client: httpx.Client) -> None:
+    fleet.set_faults("f", end_stream_after_chunks=2)
+    r = client.post(url + "/chat/completions", json={**BODY, "stream": True})
+    assert r.status_code == 200  # complete chunked framing: no transport error
+    events = [b for b in r.text.split("\n\n") if b.strip()]
+    assert len(events) == 3 and "[DONE]" not in r.text and 'finish_reason":"' not in r.text
+    assert fleet.stats("f")["faults_injected"]["end_stream_early"] == 1
+
+
+def test_stall_after_headers_or_chunks(fleet: Fleet, url: str, client: httpx.Client) -> None:
+    fleet.set_faults("f", stall_after_chunks=1)
+    timeout = httpx.Timeout(5, read=0.3)
+    with client.stream("POST", url + "/chat/completions", json=BODY, timeout=timeout) as r:
+        assert r.status_code == 200  # headers came at once
+        with pytest.raises(httpx.ReadTimeout):
+            r.read()
+    got = b""
+    with client.stream(
+        "POST", url + "/chat/completions", json={**BODY, "stream": True}, timeout=timeout
+    ) as r:
+        with pytest.raises(httpx.ReadTimeout):
+            for chunk in r.iter_bytes():
+                got += chunk
+    assert got.count(b"data: ") == 2  # the role chunk and one word, then silence
+
+
+def test_trickle_and_latency_spikes(fleet: Fleet, url: str, client: httpx.Client) -> None:
+    fleet.set_faults("f", trickle_bytes_per_s=400)
+    t0 = time.perf_counter()
+    r = client.post(url + "/chat/completions", json=BODY)
+    took = time.perf_counter() - t0
+    assert r.status_code == 200 and r.json()["choices"]
+    assert took >= len(r.content) / 400 * 0.8
+    fleet.set_faults("f", spike_rate=1.0, spike_ms=300)
+    t0 = time.perf_counter()
+    assert client.post(url + "/chat/completions", json=BODY).status_code == 200
+    assert time.perf_counter() - t0 >= 0.3
+    fleet.set_faults("f", spike_rate=0.3, spike_ms=200)
+    for _ in range(20):
+        client.post(url + "/chat/completions", json=BODY)
+    assert 0 < fleet.stats("f")["faults_injected"]["spike"] < 21

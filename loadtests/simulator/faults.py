@@ -8,7 +8,9 @@ or through the Python fleet handle. Setting faults replaces the whole set.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -39,6 +41,35 @@ class Faults(BaseModel):
     )
     slow_decode: float = Field(default=1.0, ge=1, description="decode this many times slower")
     unhealthy: bool = Field(default=False, description="GET /health answers 503")
+    # Broken answers: what a hostile or misconfigured upstream sends with a 200.
+    broken_body: Literal["garbage_json", "html", "truncated_json"] | None = Field(
+        default=None,
+        description="answer 200 with invalid JSON, an HTML page, or the real JSON cut in half "
+        "(complete HTTP framing); a streamed request gets the same non-SSE body, except "
+        "truncated_json, which sends a role chunk then a cut event and ends cleanly",
+    )
+    broken_rate: float = Field(
+        default=1.0, ge=0, le=1, description="share of requests that get the broken body"
+    )
+    end_stream_after_chunks: int | None = Field(
+        default=None,
+        ge=0,
+        description="end a stream cleanly (complete chunked framing) after N content chunks, "
+        "without a finish chunk or [DONE]",
+    )
+    stall_after_chunks: int | None = Field(
+        default=None,
+        ge=0,
+        description="stop sending after N content chunks and keep the connection open; a "
+        "non-streamed answer sends its headers, then nothing",
+    )
+    trickle_bytes_per_s: float | None = Field(
+        default=None, gt=0, description="write every response this slowly, a few bytes at a time"
+    )
+    spike_rate: float = Field(
+        default=0.0, ge=0, le=1, description="share of requests delayed by spike_ms"
+    )
+    spike_ms: float = Field(default=0.0, ge=0, description="extra delay of a latency spike")
 
     @field_validator("error_status")
     @classmethod
@@ -63,6 +94,17 @@ class Verdict(Enum):
     ERROR = 1
     RATE_LIMIT = 2
     HANG = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """How one served request is altered: a broken body, a latency spike (seconds)."""
+
+    broken: str | None = None
+    spike_s: float = 0.0
+
+
+PLAIN = Shape()
 
 
 class FaultInjector:
@@ -96,3 +138,18 @@ class FaultInjector:
             self.count("error")
             return Verdict.ERROR, self._rng.choice(f.error_status)
         return Verdict.SERVE, 0
+
+    def shape(self) -> Shape:
+        """Per-request alterations of a request that is served."""
+        f = self.faults
+        if f is HEALTHY:
+            return PLAIN
+        broken = None
+        if f.broken_body and (f.broken_rate >= 1 or self._rng.random() < f.broken_rate):
+            broken = f.broken_body
+            self.count(f"broken_{broken}")
+        spike = 0.0
+        if f.spike_rate and (f.spike_rate >= 1 or self._rng.random() < f.spike_rate):
+            spike = f.spike_ms / 1000.0
+            self.count("spike")
+        return PLAIN if broken is None and not spike else Shape(broken, spike)

@@ -198,6 +198,21 @@ class Connection(asyncio.Protocol):
         self._write(head(status, self.extra, b"application/json", len(body)) + body[:sent])
         self.close()
 
+    def send_head(
+        self, status: int, length: int, content_type: bytes = b"application/json"
+    ) -> None:
+        """Status line and headers announcing ``length`` body bytes; the body is written later."""
+        self.head_sent = True
+        self._write(head(status, self.extra, content_type, length))
+
+    def write_raw(self, data: bytes) -> None:
+        """Body bytes of a response whose head was sent with ``send_head``."""
+        self._write(data)
+
+    def finish(self) -> None:
+        """The body announced by ``send_head`` is complete."""
+        self.finished = True
+
     def start_stream(self, status: int = 200, content_type: bytes = b"text/event-stream") -> None:
         self.head_sent = True
         self._write(head(status, self.extra + b"cache-control: no-cache\r\n", content_type, None))

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from .engine import Engine, Overloaded
-from .faults import HEALTHY, FaultInjector, Faults, Verdict
+from .faults import HEALTHY, PLAIN, FaultInjector, Faults, Shape, Verdict
 from .generate import serve_job
 from .http import App, Connection, Request, head, listen
 from .jobs import BadRequest, Job, chat_job, check_context, completion_job, parse_json
@@ -220,10 +220,13 @@ class Instance(App):
             check_context(job, self.profile)
         if not await self._faults_let_through(conn):
             return
+        shape = self.faults.shape()
+        if shape.spike_s:
+            await asyncio.sleep(shape.spike_s)
         if job is None:
             await self._embeddings(body, conn)
         else:
-            await self._generate(job, path, rid, conn)
+            await self._generate(job, path, rid, conn, shape)
 
     async def _faults_let_through(self, conn: Connection) -> bool:
         verdict, status = self.faults.decide()
@@ -241,13 +244,15 @@ class Instance(App):
             conn.send(status, error_body(msg, "server_error", None, None))
         return False
 
-    async def _generate(self, job: Job, path: bytes, rid: str, conn: Connection) -> None:
+    async def _generate(
+        self, job: Job, path: bytes, rid: str, conn: Connection, shape: Shape = PLAIN
+    ) -> None:
         if self.profile.zero_latency:
             job.n_out = min(job.n_out, self.profile.static_output_tokens)
         kind = ChatFormat if path == CHAT else CompletionFormat
         prefix = "chatcmpl-" if path == CHAT else "cmpl-"
         fmt = kind(prefix + rid, int(time.time()), job.model, self.fingerprint, job.include_usage)
-        await serve_job(self, job, fmt, conn)
+        await serve_job(self, job, fmt, conn, shape)
 
     async def _embeddings(self, body: dict[str, Any], conn: Connection) -> None:
         texts, tokens = _embedding_inputs(body.get("input"))
