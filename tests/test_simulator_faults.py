@@ -266,12 +266,14 @@ def test_stall_after_headers_or_chunks(fleet: Fleet, url: str, client: httpx.Cli
         with pytest.raises(httpx.ReadTimeout):
             r.read()
     got = b""
-    with client.stream(
-        "POST", url + "/chat/completions", json={**BODY, "stream": True}, timeout=timeout
-    ) as r:
-        with pytest.raises(httpx.ReadTimeout):
-            for chunk in r.iter_bytes():
-                got += chunk
+    with (
+        client.stream(
+            "POST", url + "/chat/completions", json={**BODY, "stream": True}, timeout=timeout
+        ) as r,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        for chunk in r.iter_bytes():
+            got += chunk
     assert got.count(b"data: ") == 2  # the role chunk and one word, then silence
 
 
