@@ -176,7 +176,9 @@ class Dispatcher:
         async def call(m: ProviderState) -> tuple[UpstreamResponse, dict[str, Any]]:
             # Headers per attempt: the trace context names this attempt's span.
             body = self.upstream_body(acc.body, acc.model, m)
-            resp = await m.client.send(path, body, upstream_headers(ctx), m.config.timeouts)
+            resp = await m.client.send(
+                path, body, upstream_headers(ctx), m.config.timeouts, acc.max_tokens
+            )
             try:
                 doc = check_unary(acc.endpoint, resp.body)  # the one parse of the answer
             except InvalidAnswer as e:

@@ -108,8 +108,11 @@ def _status_failure(
     )
 
 
-async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The whole (decompressed) body, or UpstreamFailure(bad_response) past ``limit`` bytes.
+async def _read_bounded(
+    resp: aiohttp.ClientResponse, limit: int, gap_s: float | None = None
+) -> bytes:
+    """The whole (decompressed) body, or UpstreamFailure(bad_response) past ``limit`` bytes;
+    TimeoutError when ``gap_s`` passes with no data.
 
     aiohttp inflates a compressed body chunk by chunk under flow control, so stopping here keeps
     a compression bomb from ever being held whole.
@@ -121,7 +124,11 @@ async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     size = 0
     content = resp.content
     while True:
-        chunk = await content.readany()
+        if gap_s is None:
+            chunk = await content.readany()
+        else:
+            async with asyncio.timeout(gap_s):
+                chunk = await content.readany()
         if not chunk:
             break
         size += len(chunk)
@@ -336,42 +343,69 @@ class UpstreamClient:
         raise AssertionError("unreachable")
 
     async def send(
-        self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str] | None,
+        timeouts: Timeouts,
+        max_tokens: int | None = None,
     ) -> UpstreamResponse:
-        """A non-streaming call. The whole generation precedes the first byte, so total_s applies."""
+        """A non-streaming call.
+
+        The whole generation precedes the headers, so they are due within
+        `timeouts.unary_headers_s(max_tokens)` (first_byte_timeout); the body then arrives with
+        gaps under idle_s and is complete by that limit plus idle_s (idle_timeout: a stall or a
+        slow trickle); total_s bounds the whole (total_timeout).
+        """
         self._hold()
         try:
-            return await self._send(path, body, headers, timeouts)
+            return await self._send(path, body, headers, timeouts, max_tokens)
         finally:
             self._give_back()
 
     async def _send(
-        self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str] | None,
+        timeouts: Timeouts,
+        max_tokens: int | None,
     ) -> UpstreamResponse:
         start = time.monotonic()
+        head_s = timeouts.unary_headers_s(max_tokens)
         try:
-            async with asyncio.timeout(timeouts.total_s):
+            async with asyncio.timeout(head_s):
                 resp = await self._post(path, body, headers, timeouts)
-                ok = False
-                try:
-                    if resp.status >= 300:
-                        content = await _read_error(resp)
-                    else:
-                        content = await _read_bounded(resp, self._limits.max_response_bytes)
-                    ok = True
-                finally:
-                    if ok:
-                        resp.release()
-                    else:
-                        resp.close()  # an unread rest must not go back to the pool
-        except UpstreamFailure:
-            raise
         except aiohttp.ConnectionTimeoutError:
             raise UpstreamFailure("connect_timeout", "connect timed out") from None
         except TimeoutError:
-            raise UpstreamFailure("total_timeout", "no complete answer in time") from None
+            kind = "first_byte_timeout" if head_s < timeouts.total_s else "total_timeout"
+            raise UpstreamFailure(kind, "no answer headers in time") from None
         except (aiohttp.ClientError, OSError) as e:
             raise UpstreamFailure("connect_error", type(e).__name__) from None
+        # The answer is ready upstream once its headers are here: its body comes in gaps under
+        # idle_s and is complete by head_s + idle_s (a stall or a slow trickle fails over).
+        total_end = start + timeouts.total_s
+        end = min(total_end, start + head_s + timeouts.idle_s)
+        ok = False
+        try:
+            async with asyncio.timeout(max(0.0, end - time.monotonic())):
+                if resp.status >= 300:
+                    content = await _read_error(resp)
+                else:
+                    limit = self._limits.max_response_bytes
+                    content = await _read_bounded(resp, limit, timeouts.idle_s)
+            ok = True
+        except TimeoutError:
+            kind = "total_timeout" if time.monotonic() >= total_end - 0.001 else "idle_timeout"
+            raise UpstreamFailure(kind, "answer body not complete in time") from None
+        except (aiohttp.ClientError, OSError) as e:
+            raise UpstreamFailure("connect_error", type(e).__name__) from None
+        finally:
+            if ok:
+                resp.release()
+            else:
+                resp.close()  # an unread rest must not go back to the pool
         elapsed = time.monotonic() - start
         if resp.status >= 300:
             raise self._failure(resp.status, content, resp.headers)

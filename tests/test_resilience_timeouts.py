@@ -90,7 +90,8 @@ def test_first_byte_timeout_on_a_stream(fleet: Fleet, start_gateway, fault) -> N
 
 
 def test_total_timeout_unary(fleet: Fleet, start_gateway) -> None:  # noqa: F811
-    """A non-streamed answer has no first byte before the whole generation: total_s applies."""
+    """A non-streamed answer has no first byte before the whole generation: when first_byte_s +
+    max_tokens / unary_min_tps is past total_s, total_s applies."""
     fleet.set_faults("bad", hang=True)
     gw = start_gateway(policy(fleet.url("bad"), fleet.url("good")))
     r = gw.chat()
@@ -100,6 +101,36 @@ def test_total_timeout_unary(fleet: Fleet, start_gateway) -> None:  # noqa: F811
 
     alone = start_gateway(policy(fleet.url("bad"), None))
     assert_timeout_504(alone.chat(), "total_timeout")
+
+
+# total_s far away: a non-streamed hang, stall or trickle must fail over in about first_byte_s
+# (+ max_tokens / unary_min_tps) or idle_s, not total_s.
+UNARY_TIMEOUTS = "{connect_s: 0.5, first_byte_s: 0.4, idle_s: 0.4, total_s: 20, unary_min_tps: 100}"
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [
+        ({"hang": True}, "first_byte_timeout"),  # nothing before the headers
+        ({"stall_after_chunks": 0}, "idle_timeout"),  # headers, then nothing
+        ({"trickle_bytes_per_s": 60}, "idle_timeout"),  # headers, then a few bytes at a time
+    ],
+)
+def test_unary_hang_stall_trickle_fail_over_in_about_first_byte_time(
+    fleet: Fleet,
+    start_gateway,  # noqa: F811
+    fault: dict,
+    kind: str,
+) -> None:
+    fleet.set_faults("bad", **fault)
+    gw = start_gateway(policy(fleet.url("bad"), fleet.url("good"), timeouts=UNARY_TIMEOUTS))
+    r = gw.chat(max_tokens=8)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-gateway-provider"] == "good"
+    validate("CreateChatCompletionResponse", r.json())
+    assert failures_of(gw) == [f"bad:{kind}"]
+    # first_byte_s + 8 / 100 = 0.48 s for the headers, + idle_s 0.4 for the body: well under 20 s
+    assert gw.seen[-1].end - gw.seen[-1].start < 2.0
 
 
 def _stream_text(r: httpx.Response) -> str:

@@ -36,8 +36,27 @@ class Timeouts(Strict):
     first_byte_s: float = Field(
         30.0, gt=0, description="Until response headers / first stream chunk."
     )
-    idle_s: float = Field(30.0, gt=0, description="Longest gap between two stream chunks.")
+    idle_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest gap between two stream chunks; for a non-streamed answer, the time "
+        "its body may take once the headers arrived (the upstream has the whole answer by then).",
+    )
     total_s: float = Field(600.0, gt=0, description="Whole attempt, streams included.")
+    unary_min_tps: float | None = Field(
+        5.0,
+        gt=0,
+        description="Non-streamed answers come after the whole generation, so their headers are "
+        "due within first_byte_s + max_tokens / this many tokens per second (a hang is then "
+        "failed over in about that time, not total_s). Requests without max_tokens, or null "
+        "here: total_s.",
+    )
+
+    def unary_headers_s(self, max_tokens: int | None) -> float:
+        """How long a non-streamed attempt may wait for the response headers."""
+        if not max_tokens or self.unary_min_tps is None:
+            return self.total_s
+        return min(self.total_s, self.first_byte_s + max_tokens / self.unary_min_tps)
 
 
 class Price(Strict):
