@@ -8,6 +8,7 @@ from gateway.redact import Redactor, provider_secrets, redacted_dump, sanitize_m
 from gateway.resilience.breaker import BreakerState, CircuitBreaker
 from gateway.resilience.failures import FailureKind, counts_against_breaker, is_retryable
 from gateway.sse import EventTooLarge, SSESplitter
+from gateway.upstream import _status_failure, forwardable_headers
 from gateway.validate import (
     InvalidAnswer,
     ResponseLimits,
@@ -120,3 +121,17 @@ def test_failure_kinds() -> None:
     assert b.state is BreakerState.CLOSED  # a run of them trips it, like 5xx
     b.record_failure(FailureKind.UPSTREAM_AUTH)
     assert b.state is BreakerState.OPEN  # one refused key is enough
+
+
+def test_status_classification_and_header_allow_list() -> None:
+    for status in (401, 403, 404):
+        assert _status_failure(status, b"{}", {}).kind == "upstream_auth"
+    vllm = b'{"object":"error","message":"The model `m` does not exist.","code":404}'
+    assert _status_failure(400, vllm, {}).kind == "upstream_auth"
+    assert _status_failure(400, b'{"error":{"code":"model_not_found"}}', {}).kind == "upstream_auth"
+    assert _status_failure(400, b'{"error":{"message":"bad temperature"}}', {}).kind == "upstream_4xx"
+    assert _status_failure(503, b"", {}).kind == "upstream_5xx"
+    assert _status_failure(429, b"", {"retry-after": "2"}).retry_after == 2.0
+    headers = {"X-RateLimit-Remaining-Requests": "9", "Location": "http://x", "Server": "y"}
+    assert forwardable_headers(headers) == {}
+    assert forwardable_headers(headers, ratelimit=True) == {"x-ratelimit-remaining-requests": "9"}

@@ -56,13 +56,20 @@ def _policy(h: HostileUpstream) -> str:
     pools = ["  good: {members: [ok]}", "  ratelimits: {members: [rl]}"]
     models = ["  good: {pool: good}", "  ratelimits: {pool: ratelimits}"]
     for mode in MODES:
-        for name, fallback in ((mode, ", fallback: [good]"), (f"{mode}_solo", "")):
+        names = [(mode, ", fallback: [good]"), (f"{mode}_solo", "")]
+        if mode in AUTH:  # a fresh breaker for the streamed variant
+            names.append((f"{mode}_stream", ", fallback: [good]"))
+        for name, fallback in names:
             prov.append(
                 f"  {name}: {{base_url: '{h.url(mode)}', api_key_env: HOSTILE_KEY, "
                 "timeouts: {connect_s: 2, first_byte_s: 10, idle_s: 10, total_s: 20}}"
             )
             pools.append(f"  p_{name}: {{members: [{name}], max_attempts: 1{fallback}}}")
             models.append(f"  {name}: {{pool: p_{name}}}")
+    # A stream cut without [DONE] on an alias that resumes: continued on the good member.
+    prov.append(f"  nodone_resume: {{base_url: '{h.url('nodone')}'}}")
+    pools.append("  p_nodone_resume: {members: [nodone_resume], max_attempts: 1, fallback: [good]}")
+    models.append("  nodone_resume: {pool: p_nodone_resume, resume: true}")
     nl = "\n"
     return f"""
 retry: {{max_attempts: 3, base_backoff_ms: 1, max_backoff_ms: 2, budget_min_per_s: 1000}}
@@ -249,6 +256,15 @@ def test_upstream_auth_is_retried_on_another_member(
 
 
 @pytest.mark.parametrize("mode", AUTH)
+def test_upstream_auth_on_a_stream_is_retried_before_any_byte(gw: GatewayServer, mode: str) -> None:
+    r = post(gw, f"{mode}_stream", True)
+    assert r.status_code == 200, r.text[:500]
+    assert r.headers["x-gateway-provider"] == "ok" and r.headers["x-gateway-attempts"] == "2"
+    assert_clean(r)
+    validate_sse(r.content)
+
+
+@pytest.mark.parametrize("mode", AUTH)
 def test_upstream_auth_alone_is_a_502_naming_no_secret(gw: GatewayServer, mode: str) -> None:
     for stream in (False, True):
         r = post(gw, f"{mode}_solo", stream)
@@ -360,6 +376,15 @@ def test_stream_broken_mid_way_ends_with_an_error_event(
     with pytest.raises(openai.APIError):
         for _ in client.chat.completions.create(model=f"{mode}_solo", messages=MSG, stream=True):
             pass
+
+
+def test_stream_without_done_is_resumed_where_the_alias_says_so(gw: GatewayServer) -> None:
+    r = post(gw, "nodone_resume", True)
+    assert r.status_code == 200
+    chunks = validate_sse(r.content)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "par" + "hello from the good member"
+    assert chunks[-1]["gateway_resumed"] == {"from": "nodone_resume", "on": "ok"}
 
 
 def test_stream_ending_with_the_providers_final_chunk_gets_done(gw: GatewayServer) -> None:
