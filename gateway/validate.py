@@ -86,7 +86,9 @@ def completion_tokens(doc: dict[str, Any]) -> int | None:
 # -- streams ---------------------------------------------------------------------------------
 
 _DATA = re.compile(rb"^data:[ \t]*", re.M)
-_ERROR_EVENT = re.compile(rb'^data:[ \t]*\{\s*"error"\s*:\s*[^n\s]', re.M)
+# An `"error"` member holding an object or a message (not null), outside any JSON string (a quote
+# inside a string is escaped).
+_ERROR_EVENT = re.compile(rb'(?<!\\)"error"\s*:\s*[{"]')
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 
 

@@ -129,9 +129,42 @@ def test_status_classification_and_header_allow_list() -> None:
     vllm = b'{"object":"error","message":"The model `m` does not exist.","code":404}'
     assert _status_failure(400, vllm, {}).kind == "upstream_auth"
     assert _status_failure(400, b'{"error":{"code":"model_not_found"}}', {}).kind == "upstream_auth"
-    assert _status_failure(400, b'{"error":{"message":"bad temperature"}}', {}).kind == "upstream_4xx"
+    assert (
+        _status_failure(400, b'{"error":{"message":"bad temperature"}}', {}).kind == "upstream_4xx"
+    )
     assert _status_failure(503, b"", {}).kind == "upstream_5xx"
     assert _status_failure(429, b"", {"retry-after": "2"}).retry_after == 2.0
     headers = {"X-RateLimit-Remaining-Requests": "9", "Location": "http://x", "Server": "y"}
     assert forwardable_headers(headers) == {}
     assert forwardable_headers(headers, ratelimit=True) == {"x-ratelimit-remaining-requests": "9"}
+
+
+def test_limits_are_validated_policy_settings() -> None:
+    from gateway.policy.loader import PolicyError, parse_policy
+
+    base = (
+        "providers:\n  a:\n    base_url: http://127.0.0.1:9/v1\n{extra}"
+        "pools:\n  p: {{members: [a]}}\nmodels:\n  m: {{pool: p}}\n"
+    )
+    policy = parse_policy(base.format(extra=""))
+    limits = policy.providers["a"].limits
+    assert (limits.max_response_bytes, limits.max_event_bytes) == (16 * 2**20, 2**20)
+    assert policy.providers["a"].forward_ratelimit_headers is False
+    bad = "    limits: {max_event_bytes: 10, max_stream_bytez: 5}\n"
+    with pytest.raises(PolicyError) as e:
+        parse_policy(base.format(extra=bad))
+    text = str(e.value)
+    assert "providers.a.limits.max_event_bytes" in text
+    assert "providers.a.limits.max_stream_bytez" in text
+
+
+def test_error_events_are_found_wherever_the_member_is() -> None:
+    check = StreamCheck(ResponseLimits())
+    for ev in (
+        b'data: {"id": "x", "error": {"message": "m"}}\n\n',
+        b'data: {"error": "overloaded"}\n\n',
+    ):
+        with pytest.raises(InvalidAnswer):
+            check.event(ev)
+    quoted = b'data: {"choices":[{"delta":{"content":"say \\"error\\": {x}"}}]}\n\n'
+    assert check.event(quoted) == quoted
