@@ -235,7 +235,10 @@ class Dispatcher:
 
     @staticmethod
     def passthrough_error(
-        f: UpstreamFailure, ctx: Context, redactor: Redactor | None = None, hosts: tuple = ()
+        f: UpstreamFailure,
+        ctx: Context,
+        redactor: Redactor | None = None,
+        hosts: tuple[str, ...] = (),
     ) -> Response:
         """The provider's 4xx for the client, always in the gateway's own error shape.
 
