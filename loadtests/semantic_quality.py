@@ -1,195 +1,141 @@
-"""Precision and recall of the semantic cache on labelled question pairs.
+"""Quality of the semantic cache's decision on labelled pairs never used for training or tuning.
 
-Protocol, per pair: store sentence1 in an empty namespace, look up sentence2, record hit or miss.
-Precision = share of served hits that were true paraphrases; recall = share of paraphrase pairs
-served from cache. Each pair runs once through the real `SemanticCache` (threshold 0, no guards)
-to get its similarity; a hit at threshold t with guard set G is then `similarity >= t and
-guards.check(...) is None` — exactly the cache's decision for a one-entry namespace — so every
-threshold and guard combination is scored without re-embedding.
+Protocol, per pair: the first sentence is the cached question (alone in its namespace), the second
+is asked; a hit on a label-1 pair is right, a hit on a label-0 pair is a false hit. Scored per set
+(the holdout split of PAWS-Wiki dev and of chat_pairs.tsv, and all of the hand-written
+near_misses.tsv; see loadtests/verifier_data.py) for four deciders:
 
-    python -m loadtests.semantic_quality [--paws 2000] [--embedder auto|torch|onnx]
+- floor: plain cosine of the cache's embedder (MiniLM) against a threshold;
+- guards: cosine threshold, then the lexical near-miss guards (gateway/cache/guards.py);
+- verifier: candidates at cosine >= the retrieval floor, then the pair classifier's probability
+  against a threshold (gateway/cache/verifier.py);
+- verifier+guards: the verifier, and the guards may still veto.
 
-Writes a markdown report and JSON next to each other (default loadtests/data/results/).
+For each: the hit rate at 1%, 2% and 5% false hits (the threshold chosen on that same set, so
+this is the trade-off curve, not a tuned result), and the hit / false-hit rates at the shipped
+defaults (cosine 0.88 for floor and guards; the model's threshold for the verifier).
+
+    python -m loadtests.semantic_quality [--cosine-cache /tmp/cos.json]
+
+Writes loadtests/data/results/semantic_quality.{md,json}.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
-import os
-import random
+import json
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import orjson
+import numpy as np
 
 from gateway.cache import guards
-from gateway.cache.async_embedder import AsyncEmbedder
-from gateway.cache.embedder import make_embedder
-from gateway.cache.semantic import SemanticCache
-from gateway.cache.semantic_settings import GuardSettings, SemanticSettings
+from gateway.cache.semantic_settings import GuardSettings
+from gateway.cache.verifier import default_verifier
+from loadtests.train_verifier import embed_cosines
+from loadtests.verifier_data import Pair, load_chat, load_near_misses, load_paws
 
-DATA = Path(__file__).parent / "data"
-PAWS = Path("/work/shared/data/paws_wiki/dev.tsv")
-THRESHOLDS = [round(0.70 + 0.02 * i, 2) for i in range(15)]  # 0.70 .. 0.98
-OFF = GuardSettings(numbers=False, negation=False, entities=False, entity_order=False)
-GUARD_SETS: dict[str, GuardSettings] = {
-    "none": OFF,
-    "all": GuardSettings(),
-    "numbers only": OFF.model_copy(update={"numbers": True}),
-    "negation only": OFF.model_copy(update={"negation": True}),
-    "entities only": OFF.model_copy(update={"entities": True}),
-    "order only": OFF.model_copy(update={"entity_order": True}),
-    "all but numbers": GuardSettings(numbers=False),
-    "all but negation": GuardSettings(negation=False),
-    "all but entities": GuardSettings(entities=False),
-    "all but order": GuardSettings(entity_order=False),
-}
-TARGET_PRECISION = 0.98
+OUT = Path(__file__).parent / "data" / "results"
+RATES = (0.01, 0.02, 0.05)
+DEFAULT_COSINE = 0.88
+ALL_GUARDS = GuardSettings()
 
 
-@dataclass(slots=True)
-class Pair:
-    s1: str
-    s2: str
-    label: int
-    kind: str
-    similarity: float = 0.0
+def deciders() -> dict[str, tuple[Callable[[Pair], float], float]]:
+    """name -> (score of a pair, default threshold); a pair is served when score >= threshold."""
+    v = default_verifier()
 
+    def guarded(p: Pair) -> bool:
+        return guards.check(p.s2, p.s1, ALL_GUARDS) is None
 
-def load_chat() -> list[Pair]:
-    with (DATA / "chat_pairs.tsv").open(encoding="utf-8") as f:
-        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    return [Pair(r["sentence1"], r["sentence2"], int(r["label"]), r["kind"]) for r in rows]
+    def verified(p: Pair) -> float:
+        return v.probability(p.s2, p.s1, p.cosine) if p.cosine >= v.retrieval_floor else 0.0
 
-
-def load_paws(n: int, seed: int = 0) -> list[Pair]:
-    with PAWS.open(encoding="utf-8") as f:
-        rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
-    rows = [r for r in rows if len(r) == 4 and r[3] in ("0", "1")]
-    rows = random.Random(seed).sample(rows, min(n, len(rows)))
-    return [Pair(r[1], r[2], int(r[3]), "paws") for r in rows]
-
-
-async def measure_similarities(pairs: list[Pair], worker: AsyncEmbedder) -> None:
-    """Run the store-then-lookup protocol through the cache, one fresh namespace per pair."""
-    cache = SemanticCache(SemanticSettings(threshold=0.0, guards=OFF), worker=worker)
-    for i, pair in enumerate(pairs):
-        ns = f"quality\x1f{i}"
-        await cache.store(ns, pair.s1, b"1")
-        res = await cache.lookup(ns, pair.s2)
-        pair.similarity = res.similarity if res.similarity is not None else -1.0
-
-
-def score(pairs: list[Pair], threshold: float, gs: GuardSettings) -> dict[str, Any]:
-    tp = fp = 0
-    positives = sum(p.label for p in pairs)
-    leaked: dict[str, int] = {}
-    for p in pairs:
-        if p.similarity >= threshold and guards.check(p.s2, p.s1, gs) is None:
-            if p.label:
-                tp += 1
-            else:
-                fp += 1
-                leaked[p.kind] = leaked.get(p.kind, 0) + 1
-    served = tp + fp
     return {
-        "threshold": threshold,
-        "precision": tp / served if served else 1.0,
-        "recall": tp / positives if positives else 0.0,
-        "served": served,
-        "false_hits": fp,
-        "false_hits_by_kind": leaked,
+        "floor (cosine)": (lambda p: p.cosine, DEFAULT_COSINE),
+        "guards": (lambda p: p.cosine if guarded(p) else -1.0, DEFAULT_COSINE),
+        "verifier": (verified, v.threshold),
+        "verifier+guards": (lambda p: verified(p) if guarded(p) else -1.0, v.threshold),
     }
 
 
-def choose_threshold(pairs: list[Pair]) -> dict[str, Any]:
-    """Highest recall with all guards at precision >= TARGET_PRECISION (finer 0.01 grid)."""
-    best = None
-    for t in [round(0.70 + 0.01 * i, 2) for i in range(29)]:
-        s = score(pairs, t, GUARD_SETS["all"])
-        if s["precision"] >= TARGET_PRECISION and (best is None or s["recall"] > best["recall"]):
-            best = s
-    return best or score(pairs, 0.98, GUARD_SETS["all"])
+def curve(scores: np.ndarray, labels: np.ndarray, rate: float) -> tuple[float, float]:
+    """Best hit rate with false-hit rate <= rate, and the threshold that gives it."""
+    neg = np.sort(scores[labels == 0])[::-1]
+    pos = scores[labels == 1]
+    allowed = int(np.floor(rate * len(neg)))
+    # serve everything strictly above the (allowed+1)-th highest negative score
+    if allowed >= len(neg):
+        return float((pos > -np.inf).mean()), -np.inf
+    bar = neg[allowed]
+    return float((pos > bar).mean()), float(bar)
 
 
-def _table(rows: list[dict], title: str, key: str) -> str:
-    out = [f"\n### {title}\n", f"| {key} | precision | recall | served | false hits |",
-           "|---|---|---|---|---|"]  # fmt: skip
-    for r in rows:
-        out.append(
-            f"| {r[key]} | {r['precision']:.3f} | {r['recall']:.3f} | {r['served']} "
-            f"| {r['false_hits']} |"
-        )
-    return "\n".join(out)
+def evaluate(name: str, pairs: list[Pair]) -> dict:
+    labels = np.array([p.label for p in pairs])
+    result: dict = {"pairs": len(pairs), "positives": int(labels.sum()), "deciders": {}}
+    for dname, (score, default_t) in deciders().items():
+        s = np.array([score(p) for p in pairs])
+        served = s >= default_t
+        wrong_kinds: dict[str, int] = {}
+        for p, hit in zip(pairs, served, strict=True):
+            if hit and not p.label:
+                wrong_kinds[p.kind] = wrong_kinds.get(p.kind, 0) + 1
+        result["deciders"][dname] = {
+            "at_false": {f"{r:.0%}": curve(s, labels, r)[0] for r in RATES},
+            "default_threshold": default_t,
+            "default_hit": float(served[labels == 1].mean()),
+            "default_false": float(served[labels == 0].mean()),
+            "false_hits_by_kind": wrong_kinds,
+        }
+    return result
 
 
-def report(name: str, pairs: list[Pair], threshold: float) -> tuple[str, dict]:
-    sweep = {g: [score(pairs, t, GUARD_SETS[g]) for t in THRESHOLDS] for g in ("none", "all")}
-    guards_at = [{"guards": g, **score(pairs, threshold, gs)} for g, gs in GUARD_SETS.items()]
-    pos = sum(p.label for p in pairs)
-    md = [
-        f"\n## {name}: {len(pairs)} pairs ({pos} paraphrases, {len(pairs) - pos} non-paraphrases)"
-    ]
-    for g in ("all", "none"):
-        md.append(_table(sweep[g], f"{name}, guards {g}: threshold sweep", "threshold"))
-    md.append(_table(guards_at, f"{name}: what each guard buys at threshold {threshold}", "guards"))
-    leaks = score(pairs, threshold, GUARD_SETS["all"])["false_hits_by_kind"]
-    md.append(f"\nFalse hits by kind at {threshold} with all guards: {leaks or 'none'}")
-    return "\n".join(md), {"sweep": sweep, "guards": guards_at}
-
-
-async def main_async(args: argparse.Namespace) -> tuple[str, dict]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    worker = AsyncEmbedder(make_embedder(args.embedder))
-    chat = load_chat()
-    paws = load_paws(args.paws)
-    t0 = time.perf_counter()
-    await measure_similarities(chat, worker)
-    await measure_similarities(paws, worker)
-    elapsed = time.perf_counter() - t0
-    worker.close()
-    chosen = choose_threshold(chat)
-    t = chosen["threshold"]
-    # Held-out check: choose on half the chat pairs, score the other half.
-    half_t = choose_threshold(chat[0::2])["threshold"]
-    held = score(chat[1::2], half_t, GUARD_SETS["all"])
-    md_chat, js_chat = report("chat_pairs.tsv", chat, t)
-    md_paws, js_paws = report("PAWS wiki dev sample", paws, t)
-    head = (
-        f"# Semantic cache quality ({worker.embedder.name} embedder)\n\n"
-        f"Chosen threshold {t} (chat set, all guards): precision {chosen['precision']:.3f}, "
-        f"recall {chosen['recall']:.3f} (target precision >= {TARGET_PRECISION}). "
-        f"{len(chat) + len(paws)} pairs through the cache in {elapsed:.1f} s.\n\n"
-        f"Held out: threshold chosen on even rows ({half_t}) scores precision "
-        f"{held['precision']:.3f}, recall {held['recall']:.3f} on odd rows."
-    )
-    md = head + "\n" + md_chat + "\n" + md_paws + "\n"
-    payload = {
-        "chosen": chosen,
-        "held_out": held,
-        "embedder": worker.embedder.name,
-        "chat": js_chat,
-        "paws": js_paws,
-    }
-    return md, payload
+def markdown(results: dict[str, dict]) -> str:
+    lines = ["| set | decider | hits @1% false | @2% | @5% | default: hits / false hits |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for set_name, r in results.items():
+        label = f"{set_name} ({r['positives']} same / {r['pairs'] - r['positives']} other)"
+        for dname, d in r["deciders"].items():
+            at = d["at_false"]
+            lines.append(
+                f"| {label} | {dname} | {at['1%']:.1%} | {at['2%']:.1%} | {at['5%']:.1%} | "
+                f"{d['default_hit']:.1%} / {d['default_false']:.1%} |"
+            )
+            label = ""
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--paws", type=int, default=2000, help="PAWS pairs to sample")
-    ap.add_argument("--embedder", default="auto", choices=["auto", "torch", "onnx"])
-    ap.add_argument("--out-dir", default=str(DATA / "results"))
+    ap.add_argument("--cosine-cache", default="", help="JSON file memoising pair cosines")
+    ap.add_argument("--out-dir", default=str(OUT))
     args = ap.parse_args()
-    md, payload = asyncio.run(main_async(args))
+    t0 = time.perf_counter()
+    sets = {
+        "near_misses.tsv (hand-written)": load_near_misses(),
+        "chat_pairs.tsv holdout": [p for p in load_chat() if p.split == "holdout"],
+        "PAWS-Wiki dev holdout": [p for p in load_paws() if p.split == "holdout"],
+    }
+    everything = [p for pairs in sets.values() for p in pairs]
+    cache = Path(args.cosine_cache) if args.cosine_cache else None
+    asyncio.run(embed_cosines(everything, cache=cache))
+    results = {name: evaluate(name, pairs) for name, pairs in sets.items()}
+    md = (
+        "# Semantic cache quality (holdout; never trained or tuned on)\n\n"
+        + markdown(results)
+        + f"\n\n{len(everything)} pairs in {time.perf_counter() - t0:.0f} s.\n"
+    )
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "semantic_quality.md").write_text(md, encoding="utf-8")
-    (out / "semantic_quality.json").write_bytes(orjson.dumps(payload, option=orjson.OPT_INDENT_2))
+    (out / "semantic_quality.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
     print(md)
+    for name, r in results.items():
+        for dname in ("guards", "verifier"):
+            print(name, dname, "false hits by kind:", r["deciders"][dname]["false_hits_by_kind"])
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ async def test_paraphrase_hits_and_unrelated_misses(worker: AsyncEmbedder) -> No
     res = await cache.lookup(NS, "How can I reset my password?")
     assert res.outcome == "hit" and res.hit is not None
     assert res.hit.response == b"answer-1" and res.hit.question == "How do I reset my password?"
-    assert res.hit.similarity >= cache.settings.threshold
+    assert cache.verifier is not None and res.hit.similarity >= cache.verifier.retrieval_floor
     loose = await cache.lookup(NS, "I forgot my password, how can I change it?", threshold=0.85)
     assert loose.outcome == "hit"
     miss = await cache.lookup(NS, "What's the weather in Paris?")
@@ -84,10 +84,22 @@ NEAR_MISSES = [
 
 
 @pytest.mark.parametrize(("stored", "asked", "reason"), NEAR_MISSES)
-async def test_near_misses_rejected_by_guards(
+async def test_near_misses_rejected_by_the_verifier(
     worker: AsyncEmbedder, stored: str, asked: str, reason: str
 ) -> None:
     cache = SemanticCache(_settings(), worker=worker)
+    await cache.store(NS, stored, b"x")
+    res = await cache.lookup(NS, asked)
+    assert res.outcome == "rejected" and res.reason == "verifier" and res.hit is None
+    assert res.similarity is not None and res.similarity > 0.8  # the embedding alone would serve it
+    assert (await cache.lookup(NS, stored)).outcome == "hit"  # a text always matches itself
+
+
+@pytest.mark.parametrize(("stored", "asked", "reason"), NEAR_MISSES)
+async def test_near_misses_rejected_by_guards(
+    worker: AsyncEmbedder, stored: str, asked: str, reason: str
+) -> None:
+    cache = SemanticCache(_settings(matcher="guards"), worker=worker)
     await cache.store(NS, stored, b"x")
     res = await cache.lookup(NS, asked, threshold=0.5)
     assert res.outcome == "rejected" and res.reason == reason and res.hit is None
@@ -95,7 +107,7 @@ async def test_near_misses_rejected_by_guards(
 
 
 async def test_guard_rejection_falls_through_to_next_candidate(worker: AsyncEmbedder) -> None:
-    cache = SemanticCache(_settings(threshold=0.7), worker=worker)
+    cache = SemanticCache(_settings(threshold=0.7, matcher="guards"), worker=worker)
     await cache.store(NS, "How many calories are in 3 eggs?", b"three")
     await cache.store(NS, "How many calories do 2 eggs have?", b"two")
     res = await cache.lookup(NS, "How many calories are in 2 eggs?")

@@ -35,6 +35,11 @@ ACCEPTED = [
     ("Which one is better for beginners?", "Which is better for beginners?"),
     ("Explain Kubernetes to me", "What is Kubernetes?"),
     ("I'm going to Tokyo, what should I pack?", "What should I pack for my trip to Tokyo?"),
+    # texts once rejected against themselves
+    ("How much does an iPhone 4S weigh?", "How much does an iPhone 4S weigh?"),
+    ("How do I print a 3D model?", "How do I print a 3D model?"),
+    ("Is 50MG of zinc a day too much?", "Is 50MG of zinc a day too much?"),
+    ("Who is QVC's Lisa Robertson?", "Who is QVC's Lisa Robertson?"),
 ]
 
 
@@ -63,3 +68,36 @@ def test_each_guard_can_be_switched_off() -> None:
         assert check(query, candidate, off[guard]) != guard, (query, candidate)
     nothing = GuardSettings(numbers=False, negation=False, entities=False, entity_order=False)
     assert all(check(q, c, nothing) is None for q, c, _ in REJECTED)
+
+
+VERIFIER_NEAR_MISSES = [
+    ("Translate this sentence from Spanish to English",
+     "Translate this sentence from English to Spanish"),
+    ("Did Brazil beat Germany in the 2014 World Cup?",
+     "Did Germany beat Brazil in the 2014 World Cup?"),
+    ("Select users where age < 30", "Select users where age > 30"),
+    ("How do I enable dark mode?", "How do I disable dark mode?"),
+    ("Wake me up at 6 am", "Wake me up at 6 pm"),
+]  # fmt: skip
+VERIFIER_SAME = [
+    ("How much does an iPhone 4S weigh?", "how much does an iphone 4s weigh"),
+    ("What is the boiling point of water?", "At what temperature does water boil?"),
+    ("Can I take aspirin with alcohol?", "Is it safe to take aspirin and alcohol together?"),
+]
+
+
+@pytest.mark.parametrize(("cached", "asked"), VERIFIER_NEAR_MISSES)
+def test_verifier_refuses_near_misses_the_embedding_accepts(cached: str, asked: str) -> None:
+    from gateway.cache.verifier import default_verifier
+
+    v = default_verifier()
+    # at the cosine the embedder gives such pairs (>= 0.9), the verifier still says no
+    assert v.probability(asked, cached, 0.97) < v.threshold
+
+
+@pytest.mark.parametrize(("cached", "asked"), VERIFIER_SAME)
+def test_verifier_accepts_same_questions(cached: str, asked: str) -> None:
+    from gateway.cache.verifier import default_verifier
+
+    v = default_verifier()
+    assert v.probability(asked, cached, 0.93) >= v.threshold

@@ -158,6 +158,8 @@ def _entities(text: str, tokens: list[tuple[str, int]]) -> list[str]:
     found: list[str] = []
     prev_end = -2
     for tok, pos in words:
+        if pos and text[pos - 1].isalnum():
+            continue  # the tail of "4S", "3D", "50MG": part of a number, not a name
         low = tok.lower().removesuffix("'s").removesuffix("’s")
         is_entity = tok[0].isupper() and low not in ("i", "i'm", "i've", "i'd", "i'll")
         if is_entity and _is_sentence_start(text, pos) and low in _STARTERS:

@@ -5,10 +5,11 @@ namespace: tenant + model alias + a hash of everything before that message (syst
 turns, and any output-shaping request fields the caller passes). "What about in winter?" after a
 talk about Norway therefore never matches the same words after a talk about Peru.
 
-A candidate is served only when its cosine similarity reaches the threshold *and* the near-miss
-guards (numbers, negation, entities, entity order) find no difference. Embedding, search, guards
-and every index change run on one worker thread (see `async_embedder`); Redis persistence and
-pub/sub between replicas are optional and never raise.
+Retrieval by embedding finds the most similar cached questions of the namespace; a candidate is
+served only when the verifier (a pair classifier, `verifier.py`) judges it the same question, or,
+with `matcher: guards`, when its cosine reaches the threshold and the near-miss guards find no
+difference. Embedding, search, verification and every index change run on one worker thread (see
+`async_embedder`); Redis persistence and pub/sub between replicas are optional and never raise.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from gateway.cache import guards
 from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy
 from gateway.cache.embedder import MODEL_ID, make_embedder
 from gateway.cache.semantic_index import Entry, SemanticIndex
-from gateway.cache.semantic_settings import GuardSettings, SemanticSettings
+from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
 from gateway.cache.semantic_store import RedisSemanticStore
+from gateway.cache.verifier import Verifier, default_verifier
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +107,8 @@ class SemanticLookup:
     """What a lookup found, for the response and for metrics.
 
     outcome: "hit"; "miss" (nothing above the threshold); "rejected" (candidates above the threshold
-    all failed a guard; `reason` names the guard of the most similar one); "skipped" (`reason`:
+    were all refused; `reason`: "verifier", or the guard that refused the most similar one);
+    "skipped" (`reason`:
     disabled, no_text, too_long, busy, error).
     """
 
@@ -134,6 +137,12 @@ class SemanticCache:
         self._own_worker = worker is None
         self.worker = worker or AsyncEmbedder(make_embedder(s.embedder), s.batch_max, s.queue_max)
         self.index = SemanticIndex(self.worker.dim, s.max_entries, s.max_bytes)
+        self.verifier: Verifier | None = default_verifier() if s.matcher == "verifier" else None
+        self._verifier_threshold = (
+            s.verifier_threshold
+            if s.verifier_threshold is not None
+            else (self.verifier.threshold if self.verifier is not None else 1.0)
+        )
         self.origin = uuid.uuid4().hex[:12]
         self._clock = clock
         self.store_backend = (
@@ -196,8 +205,14 @@ class SemanticCache:
             return SemanticLookup("skipped", reason="no_text")
         if len(text) > s.max_tokens * 8:
             return SemanticLookup("skipped", reason="too_long")
-        limit = s.threshold if threshold is None else threshold
         gs = guard_settings or s.guards
+        verifier = self.verifier
+        if threshold is not None:
+            limit = threshold
+        elif s.threshold is not None:
+            limit = s.threshold
+        else:
+            limit = verifier.retrieval_floor if verifier is not None else GUARDS_THRESHOLD
 
         def search(vectors: np.ndarray | None) -> SemanticLookup:
             assert vectors is not None
@@ -216,17 +231,24 @@ class SemanticCache:
             log.exception("semantic cache lookup failed")
             return SemanticLookup("skipped", reason="error")
 
+    def _refusal(self, text: str, candidate: str, sim: float, gs: GuardSettings) -> str | None:
+        """Why `candidate` may not answer `text` (None: serve it)."""
+        if self.verifier is None:
+            return guards.check(text, candidate, gs)
+        p = self.verifier.probability(text, candidate, sim)
+        return None if p >= self._verifier_threshold else "verifier"
+
     def _match(
         self, namespace: str, text: str, vector: np.ndarray, limit: float, gs: GuardSettings
     ) -> SemanticLookup:
-        """Runs on the worker thread: search, then guards on candidates above the threshold."""
+        """Runs on the worker thread: search, then judge candidates above the threshold in turn."""
         found = self.index.search(namespace, vector, self.settings.top_k, self._clock())
         best = found[0][0] if found else None
         first_reason = None
         for sim, entry in found:
             if sim < limit:
                 break
-            reason = guards.check(text, entry.text, gs)
+            reason = self._refusal(text, entry.text, sim, gs)
             if reason is None:
                 self.index.touch(entry.entry_id)
                 hit = SemanticHit(entry.entry_id, sim, entry.response, entry.text)

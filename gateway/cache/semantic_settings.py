@@ -6,9 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-#: Chosen on loadtests/data/chat_pairs.tsv (see loadtests/semantic_quality.py): with all guards on,
-#: the lowest threshold whose precision of served hits is >= 0.98.
-DEFAULT_THRESHOLD = 0.88
+#: Cosine threshold of the "guards" matcher (chosen on loadtests/data/chat_pairs.tsv with all guards).
+GUARDS_THRESHOLD = 0.88
 
 
 class GuardSettings(BaseModel):
@@ -32,8 +31,16 @@ class SemanticSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
-    threshold: float = Field(default=DEFAULT_THRESHOLD, ge=0.0, le=1.0)
-    """Minimum cosine similarity between the new and the cached last user message."""
+    matcher: Literal["verifier", "guards"] = "verifier"
+    """How a retrieved candidate is judged. "verifier": a pair classifier (gateway/cache/verifier.py,
+    trained on public paraphrase data) decides whether the two questions are the same question;
+    "guards": cosine threshold plus the lexical near-miss guards (the earlier design)."""
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Minimum cosine similarity for a candidate. None: the verifier's retrieval floor (0.60)
+    with the verifier, 0.88 with the guards."""
+    verifier_threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Probability the verifier needs to serve a candidate; None: the model's own (chosen on its
+    tune split, see loadtests/train_verifier.py). Higher: fewer false hits, fewer hits."""
     ttl_s: float = Field(default=3600.0, gt=0)
     """Default lifetime of an entry (memory and Redis)."""
     max_entries: int = Field(default=100_000, ge=1)
@@ -44,8 +51,10 @@ class SemanticSettings(BaseModel):
     """Longer questions are not cached: the model would only see their first 256 tokens, so
     two questions that differ after that point would look identical."""
     top_k: int = Field(default=4, ge=1, le=64)
-    """Candidates above the threshold tried in turn when the best one fails a guard."""
+    """Candidates above the threshold tried in turn when the best one is refused."""
     guards: GuardSettings = Field(default_factory=GuardSettings)
+    """Used by the "guards" matcher only: with the verifier they are among its features, and a
+    veto on top of it lowered hits more than false hits on every set measured."""
     embedder: Literal["auto", "torch", "onnx"] = "auto"
     batch_max: int = Field(default=32, ge=1)
     """Most queued texts embedded together in one model call."""

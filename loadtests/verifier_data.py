@@ -1,0 +1,207 @@
+"""Labelled question pairs for training and judging the semantic cache's verifier.
+
+Sources (all public or written here, none from a benchmark the held-out evaluation uses):
+- PAWS-Wiki *dev* (`/work/shared/data/paws_wiki/dev.tsv`, word-swap paraphrases and non-paraphrases);
+- `loadtests/data/chat_pairs.tsv` (generated chat questions, `build_chat_pairs.py`);
+- pairs derived from the training split only (`augment`): a question against itself, and a
+  question against a copy with one meaning flip (antonym, direction, operator, number, negation,
+  swapped names);
+- `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
+  or tuned on.
+
+Splits are by group (all pairs that share a first sentence, or the same words in another order for
+PAWS, land in the same split) and deterministic: 60% train, 20% tune (choosing the decision
+threshold), 20% holdout (only ever reported).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+DATA = Path(__file__).parent / "data"
+PAWS_DEV = Path("/work/shared/data/paws_wiki/dev.tsv")
+Split = Literal["train", "tune", "holdout"]
+
+
+@dataclass(slots=True)
+class Pair:
+    s1: str  # the cached question
+    s2: str  # the new question
+    label: int  # 1: same question (serve), 0: another question
+    kind: str
+    source: str
+    split: str = "train"
+    cosine: float = 0.0
+
+
+def split_of(group: str) -> Split:
+    bucket = int.from_bytes(hashlib.blake2b(group.encode(), digest_size=4).digest(), "big") % 10
+    return "train" if bucket < 6 else "tune" if bucket < 8 else "holdout"
+
+
+def load_paws(path: Path = PAWS_DEV) -> list[Pair]:
+    pairs = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            cols = line.rstrip("\n").split("\t")
+            if len(cols) != 4 or cols[3] not in ("0", "1"):
+                continue
+            group = " ".join(sorted(cols[1].lower().split()))
+            pairs.append(
+                Pair(cols[1], cols[2], int(cols[3]), "paws", "paws", split_of("paws:" + group))
+            )
+    return pairs
+
+
+def load_tsv(name: str, source: str, split: str | None = None) -> list[Pair]:
+    with (DATA / name).open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return [
+        Pair(
+            r["sentence1"],
+            r["sentence2"],
+            int(r["label"]),
+            r["kind"],
+            source,
+            split or split_of(f"{source}:{r['sentence1'].lower()}"),
+        )
+        for r in rows
+    ]
+
+
+def load_chat() -> list[Pair]:
+    return load_tsv("chat_pairs.tsv", "chat")
+
+
+def load_near_misses() -> list[Pair]:
+    """Hand-written set, evaluation only: every pair is in the holdout split."""
+    return load_tsv("near_misses.tsv", "near_misses", split="holdout")
+
+
+# -- derived pairs (from training-split questions only) ------------------------------------------
+_FLIPS = [
+    ("enable", "disable"), ("increase", "decrease"), ("upload", "download"),
+    ("import", "export"), ("encrypt", "decrypt"), ("install", "uninstall"), ("high", "low"),
+    ("before", "after"), ("above", "below"), ("maximum", "minimum"), ("buy", "sell"),
+    ("start", "stop"), ("first", "last"), ("best", "worst"), ("good", "bad"), ("open", "close"),
+    ("male", "female"), ("am", "pm"), ("safe", "unsafe"), ("more", "less"), ("hot", "cold"),
+    ("cheap", "expensive"), ("add", "remove"), ("read", "write"), ("send", "receive"),
+    ("win", "lose"), ("left", "right"), ("north", "south"), ("east", "west"),
+    ("morning", "evening"), ("easy", "hard"), ("fast", "slow"), ("lock", "unlock"),
+    ("show", "hide"), ("on", "off"), ("up", "down"), ("inside", "outside"),
+]  # fmt: skip
+_FLIP = {a: b for a, b in _FLIPS} | {b: a for a, b in _FLIPS}
+_OPS = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "==": "!=", "!=": "==", "+": "-", "-": "+"}
+_NEG = [
+    (r"\bcan I\b", "can't I"), (r"\bCan I\b", "Can't I"), (r"\bis it\b", "is it not"),
+    (r"\bIs it\b", "Is it not"), (r"\bdoes\b", "doesn't"), (r"\bDoes\b", "Doesn't"),
+    (r"\bshould I\b", "shouldn't I"), (r"\bShould I\b", "Shouldn't I"), (r"\bdo I\b", "don't I"),
+    (r"\bwith\b", "without"),
+]  # fmt: skip
+_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*|\d+")
+_SYNTH_OPS = [
+    "Select rows where {c} {op} {n}",
+    "How do I filter a list for items with {c} {op} {n}?",
+    "Why is x {op} {n} false when x is {m}?",
+    "Write a SQL query returning orders where {c} {op} {n}",
+    "In Python, what does {c} {op} {n} return?",
+]
+_COLS = ["age", "price", "total", "score", "count", "x", "amount", "size"]
+_DIRECTIONS = [
+    "How do I convert {a} to {b}?", "Translate this from {a} to {b}",
+    "How long does it take to drive from {a} to {b}?", "How do I move my data from {a} to {b}?",
+    "What is the exchange rate from {a} to {b}?", "How do I switch from {a} to {b}?",
+]  # fmt: skip
+_DIRECTION_PARAPHRASES = [
+    "What's the way to convert {a} into {b}?", "Please translate this into {b} from {a}",
+    "What is the driving time from {a} to {b}?", "How can I migrate my data from {a} to {b}?",
+    "{a} to {b} exchange rate?", "How can I move over from {a} to {b}?",
+]  # fmt: skip
+_THINGS = [
+    ("French", "German"), ("Madrid", "Lisbon"), ("Celsius", "Kelvin"), ("miles", "kilometers"),
+    ("pounds", "yen"), ("Windows", "Linux"), ("Oracle", "MongoDB"), ("Vue", "React"),
+    ("Dutch", "Italian"), ("Chicago", "Denver"), ("inches", "centimeters"), ("Slack", "Teams"),
+]  # fmt: skip
+
+
+def _flip_word(text: str, rng: random.Random) -> str | None:
+    words = [(m.group(), m.start()) for m in _WORD.finditer(text)]
+    options = [(w, p) for w, p in words if w.lower() in _FLIP]
+    if not options:
+        return None
+    w, p = rng.choice(options)
+    new = _FLIP[w.lower()]
+    new = new.capitalize() if w[0].isupper() else new
+    return text[:p] + new + text[p + len(w) :]
+
+
+def _swap_names(text: str, rng: random.Random) -> str | None:
+    caps = [m for m in re.finditer(r"(?<!^)(?<![.?!] )\b[A-Z][a-z]+\b", text)]
+    names = list(dict.fromkeys(m.group() for m in caps))
+    if len(names) < 2:
+        return None
+    a, b = rng.sample(names, 2)
+    return re.sub(rf"\b({re.escape(a)}|{re.escape(b)})\b", lambda m: b if m.group() == a else a,
+                  text)  # fmt: skip
+
+
+def _other_number(text: str, rng: random.Random) -> str | None:
+    nums = list(re.finditer(r"\d+", text))
+    if not nums:
+        return None
+    m = rng.choice(nums)
+    value = int(m.group())
+    return text[: m.start()] + str(value + rng.choice([1, 2, 10, value or 1])) + text[m.end() :]
+
+
+def _negate(text: str, rng: random.Random) -> str | None:
+    options = [(p, r) for p, r in _NEG if re.search(p, text)]
+    if not options:
+        return None
+    p, r = rng.choice(options)
+    return re.sub(p, r, text, count=1)
+
+
+def augment(pairs: list[Pair], seed: int = 11) -> list[Pair]:
+    """Derived pairs from the questions of `pairs` (pass training-split pairs only)."""
+    rng = random.Random(seed)
+    out: list[Pair] = []
+    questions = list(dict.fromkeys(p.s1 for p in pairs if p.source != "paws"))
+    paws_q = [p.s1 for p in pairs if p.source == "paws"]
+    for q in questions + rng.sample(paws_q, min(300, len(paws_q))):
+        variants = {
+            "identical": q,
+            "casing": q.lower().rstrip("?.!") if rng.random() < 0.5 else q.upper(),
+        }
+        for kind, text in variants.items():
+            out.append(Pair(q, text, 1, kind, "derived"))
+        for kind, fn in (("antonym", _flip_word), ("swap", _swap_names),
+                         ("number", _other_number), ("negation", _negate)):  # fmt: skip
+            changed = fn(q, rng)
+            if changed and changed != q:
+                out.append(Pair(q, changed, 0, kind, "derived"))
+    for i in range(240):
+        c, n, m = rng.choice(_COLS), rng.randrange(1, 500), rng.randrange(1, 500)
+        template = rng.choice(_SYNTH_OPS)
+        op = rng.choice(list(_OPS))
+        base = template.format(c=c, op=op, n=n, m=m)
+        out.append(Pair(base, template.format(c=c, op=_OPS[op], n=n, m=m), 0, "operator",
+                        "derived"))  # fmt: skip
+        out.append(Pair(base, base.replace(f" {op} ", f"{op}", 1) if i % 2 else base.lower(), 1,
+                        "operator_same", "derived"))  # fmt: skip
+    for i in range(len(_DIRECTIONS) * len(_THINGS)):
+        j = i % len(_DIRECTIONS)
+        a, b = _THINGS[i // len(_DIRECTIONS)]
+        base = _DIRECTIONS[j].format(a=a, b=b)
+        out.append(Pair(base, _DIRECTIONS[j].format(a=b, b=a), 0, "direction", "derived"))
+        out.append(Pair(base, _DIRECTION_PARAPHRASES[j].format(a=a, b=b), 1, "direction_same",
+                        "derived"))  # fmt: skip
+    for p in out:
+        p.split = "train"
+    return out
