@@ -77,6 +77,7 @@ def export(model, threshold: float, meta: dict) -> dict:  # type: ignore[no-unty
         "features": list(FEATURES),
         "init": float(np.log(prior / (1 - prior))),
         "learning_rate": float(model.learning_rate),
+        "depth": int(model.max_depth),
         "threshold": threshold,
         "retrieval_floor": RETRIEVAL_FLOOR,
         "trees": trees,

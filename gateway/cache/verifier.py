@@ -12,29 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import numpy as np
 
 from gateway.cache.pair_features import FEATURES, features, identical
 
 MODEL_PATH = Path(__file__).with_name("verifier_model.json")
-
-
-@dataclass(frozen=True, slots=True)
-class _Tree:
-    feature: tuple[int, ...]
-    threshold: tuple[float, ...]
-    left: tuple[int, ...]
-    right: tuple[int, ...]
-    value: tuple[float, ...]
-
-    def predict(self, x: list[float]) -> float:
-        node = 0
-        left, feature = self.left, self.feature
-        while left[node] >= 0:
-            node = left[node] if x[feature[node]] <= self.threshold[node] else self.right[node]
-        return self.value[node]
 
 
 class Verifier:
@@ -45,16 +30,26 @@ class Verifier:
             raise ValueError("verifier model was trained on other features; retrain it")
         self.init = float(model["init"])
         self.rate = float(model["learning_rate"])
-        self.trees = [
-            _Tree(
-                tuple(t["feature"]),
-                tuple(t["threshold"]),
-                tuple(t["left"]),
-                tuple(t["right"]),
-                tuple(t["value"]),
-            )
-            for t in model["trees"]
-        ]
+        # All trees as one padded table, walked together with numpy: a leaf points to itself, so
+        # `depth` steps from the roots land every tree on its leaf (~20 µs for 300 trees).
+        trees = model["trees"]
+        width = max(len(t["feature"]) for t in trees)
+        n = len(trees)
+        self._feature = np.zeros((n, width), dtype=np.intp)
+        self._threshold = np.full((n, width), np.inf)
+        self._left = np.tile(np.arange(width), (n, 1))
+        self._right = self._left.copy()
+        self._value = np.zeros((n, width))
+        for i, t in enumerate(trees):
+            for node, (f, th, lo, hi, v) in enumerate(
+                zip(t["feature"], t["threshold"], t["left"], t["right"], t["value"], strict=True)
+            ):
+                self._value[i, node] = v
+                if lo >= 0:
+                    self._feature[i, node], self._threshold[i, node] = f, th
+                    self._left[i, node], self._right[i, node] = lo, hi
+        self._depth = int(model.get("depth", 0)) or width
+        self._rows = np.arange(n)
         self.threshold = float(model["threshold"])
         """Default decision threshold on the probability (chosen on the tune split)."""
         self.retrieval_floor = float(model["retrieval_floor"])
@@ -63,8 +58,15 @@ class Verifier:
     def probability(self, query: str, candidate: str, cosine: float) -> float:
         if identical(query, candidate):
             return 1.0
-        x = features(query, candidate, cosine)
-        score = self.init + self.rate * sum(t.predict(x) for t in self.trees)
+        return self.probability_of(features(query, candidate, cosine))
+
+    def probability_of(self, x: list[float]) -> float:
+        xs = np.asarray(x, dtype=np.float64)
+        rows, node = self._rows, np.zeros(len(self._rows), dtype=np.intp)
+        for _ in range(self._depth):
+            go_left = xs[self._feature[rows, node]] <= self._threshold[rows, node]
+            node = np.where(go_left, self._left[rows, node], self._right[rows, node])
+        score = self.init + self.rate * float(self._value[rows, node].sum())
         return 1.0 / (1.0 + math.exp(-score))
 
 
