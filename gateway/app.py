@@ -24,6 +24,8 @@ from gateway.cache.semantic_layer import SemanticLayer
 from gateway.drain import Drain
 from gateway.errors import GatewayError
 from gateway.fallback import Fallbacks
+from gateway.governance.admin_api import governance_router
+from gateway.governance.metrics import GovernanceCollector
 from gateway.health import Reachability
 from gateway.logs import AccessLog
 from gateway.metrics_workers import WorkerMetrics
@@ -99,6 +101,8 @@ def create_app(
         pipeline.observe(observer)
     collector = metrics.GatewayCollector(request_metrics, runtime, pipeline, fallbacks, reloader)
     registry = metrics.make_registry(collector)
+    governance = pipeline.governance
+    registry.register(GovernanceCollector(governance))
     workers_metrics = WorkerMetrics.from_env(registry)  # several workers: one scrape for all
     reachability = Reachability(runtime)
     drain = Drain()
@@ -118,6 +122,7 @@ def create_app(
         reachability.start()
         if workers_metrics is not None:
             workers_metrics.start()
+        await governance.start(runtime.snapshot.policy.governance)
         await fallbacks.start(pipeline.replay_send)
         if any(m.cache.semantic.enabled for m in policy.models.values()):
             await semantic.start()
@@ -127,6 +132,7 @@ def create_app(
         drain.uninstall()
         if workers_metrics is not None:
             await workers_metrics.stop()
+        await governance.stop()
         if shared_breakers is not None:
             await shared_breakers.stop()
         await fallbacks.stop()
@@ -146,6 +152,7 @@ def create_app(
     app.state.views = views
     app.state.drain = drain
     app.include_router(admin_router(views))
+    app.include_router(governance_router(governance, runtime))
     app.include_router(dashboard_router())
 
     @app.exception_handler(GatewayError)
@@ -204,14 +211,14 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
-        runtime.snapshot.keys.tenant_for(request.headers.get("authorization"))
+        await governance.authenticate(runtime.snapshot, request.headers.get("authorization"))
         return _json(
             {"object": "list", "data": [_model_entry(n) for n in runtime.snapshot.policy.models]}
         )
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> Response:
-        runtime.snapshot.keys.tenant_for(request.headers.get("authorization"))
+        await governance.authenticate(runtime.snapshot, request.headers.get("authorization"))
         if model_id not in runtime.snapshot.policy.models:
             raise errors.model_not_found(model_id)
         return _json(_model_entry(model_id))
@@ -239,7 +246,10 @@ def create_app(
     @app.get("/v1/gateway/deferred/{request_id}")
     async def deferred_result(request_id: str, request: Request) -> Response:
         """The replayed answer of a request that a degradation rule queued."""
-        tenant = runtime.snapshot.keys.tenant_for(request.headers.get("authorization"))
+        principal = await governance.authenticate(
+            runtime.snapshot, request.headers.get("authorization")
+        )
+        tenant = principal.tenant
         doc = await fallbacks.result(request_id, tenant)
         if doc is None:
             raise errors.not_found(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gateway.telemetry import RequestTrace
@@ -15,6 +15,7 @@ class Context:
     request_id: str
     start: float
     tenant: str = "default"
+    key_id: str = ""  # managed mk_..., static sk_<sha256 prefix>; "" on an open gateway
     alias: str = ""
     endpoint: str = ""
     stream: bool = False
@@ -37,6 +38,10 @@ class Context:
     response_body: bytes | None = None
     # Spans of this request; None when tracing is off (nothing is created on the hot path).
     trace: RequestTrace | None = None
+    # Governance: the admitted request's ticket, the rate-limit headers, the request's cost.
+    governance: Any = None
+    extra_headers: dict[str, str] | None = None
+    cost_usd: float | None = None
     # Set for streams: called once when the stream has ended (the request is then recorded).
     on_done: Callable[[Context], None] | None = None
 
@@ -57,4 +62,6 @@ class Context:
             h["x-gateway-attempts"] = str(self.attempts)
         if self.degraded:
             h["x-gateway-degraded"] = "true"
+        if self.extra_headers:
+            h.update(self.extra_headers)
         return h

@@ -448,6 +448,8 @@ class StreamRelay:
         events = 0
         settled = False
         continuation = self.resumed_from is not None
+        gov = self.ctx.governance
+        watch = gov if gov is not None and gov.watch_stream else None
         try:
             chunks = _prepend(stream.first, stream.chunks())
             async for chunk in chunks:
@@ -463,6 +465,10 @@ class StreamRelay:
                             continue
                     if self.assembler is not None:
                         self.assembler.feed_event(ev)
+                    if watch is not None:
+                        ev = watch.stream_event(ev)  # usage for limits and spend
+                        if ev is None:
+                            continue
                     out.append(ev)
                 if not out:
                     continue

@@ -48,6 +48,7 @@ def access_record(ctx: Context, bodies: bool = False) -> dict[str, Any]:
         "request_id": ctx.request_id,
         "status": ctx.status,
         "tenant": ctx.tenant,
+        "key": ctx.key_id,
         "endpoint": ctx.endpoint,
         "alias": ctx.alias,
         "stream": ctx.stream,
@@ -62,6 +63,7 @@ def access_record(ctx: Context, bodies: bool = False) -> dict[str, Any]:
         "resumed": ctx.resumed,
         "total_ms": round((ctx.end - ctx.start) * 1000, 3),
         "ttft_ms": None if ctx.ttft_s is None else round(ctx.ttft_s * 1000, 3),
+        "cost_usd": ctx.cost_usd,
     }
     if ctx.similarity is not None:
         rec["similarity"] = ctx.similarity

@@ -30,6 +30,7 @@ from gateway.decide import PRIORITY_HEADER, Decision, decide
 from gateway.dispatch import Dispatcher, Exhausted, PassThrough
 from gateway.errors import GatewayError
 from gateway.fallback import Fallbacks
+from gateway.governance.service import GovernanceService
 from gateway.policy.schema import Alias
 from gateway.router import Router
 from gateway.runtime import Runtime, Snapshot
@@ -87,6 +88,8 @@ class Pipeline:
         self.flights = SingleFlight()
         self.observers: list[Callable[[Context], None]] = []
         self.tracing = Tracing()  # off; see gateway.telemetry
+        self.governance = GovernanceService(self.state, runtime)
+        self.observers.append(self.governance.record)  # first: sets the cost others log
 
     def observe(self, observer: Callable[[Context], None] | None) -> None:
         """Register a record-step observer (metrics, logs, traces); None is skipped."""
@@ -128,7 +131,10 @@ class Pipeline:
         snap = self.runtime.snapshot
         try:
             # 1. Accept
-            ctx.tenant = snap.keys.tenant_for(request.headers.get("authorization"))
+            principal = await self.governance.authenticate(
+                snap, request.headers.get("authorization")
+            )
+            ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
             raw = await read_body(request, snap.policy.server.max_body_bytes)
             ctx.request_body = raw
             acc = accept(raw, endpoint)
@@ -141,6 +147,8 @@ class Pipeline:
                 decision = decide(snap.policy, acc, ctx.tenant, priority)
                 ctx.prompt_tokens = decision.prompt_tokens
                 ctx.request_class = decision.request_class
+            # Limits and budgets (429 when refused; may route to a cheaper pool)
+            await self.governance.admit(snap, principal, acc, decision, ctx)
             # 3. Cache
             plan = self._cache_plan(acc, decision.alias, ctx, request.headers)
             if plan is not None:
@@ -153,7 +161,8 @@ class Pipeline:
             # 4-6. Route, dispatch, recover; when nothing can answer, degrade
             try:
                 with stage(ctx, "route"):
-                    return await self._dispatch(snap, acc, decision, ctx, plan)
+                    upstream = self.governance.upstream(acc, ctx)
+                    return await self._dispatch(snap, upstream, decision, ctx, plan)
             except (Exhausted, Shed) as e:
                 with stage(ctx, "fallback"):
                     return await self.fallbacks.degrade(e, acc, raw, ctx)

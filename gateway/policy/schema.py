@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gateway.cache.exact import ExactSettings
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
 from gateway.classify import ClassRule
+from gateway.governance.settings import Governance
 from gateway.replicas import ReplicaSettings
 from gateway.resilience.admission import QueueSettings
 from gateway.resilience.breaker import BreakerSettings
@@ -182,6 +183,10 @@ class Policy(Strict):
         description="The semantic cache engine, started when an alias enables cache.semantic.",
     )
     replicas: ReplicaSettings = ReplicaSettings()
+    governance: Governance = Field(
+        default_factory=Governance,
+        description="Limits, budgets and spend per tenant and key (gateway/governance).",
+    )
     providers: dict[Name, Provider] = Field(min_length=1)
     pools: dict[Name, Pool] = Field(min_length=1)
     models: dict[Name, Alias] = Field(min_length=1)
@@ -209,6 +214,7 @@ class Policy(Strict):
                 errors.append(
                     f"models.{aname}.fallback_alias: unknown alias '{alias.fallback_alias}'"
                 )
+        errors.extend(self.governance.reference_errors(set(self.pools)))
         if errors:
             raise ValueError("; ".join(errors))
         return self

@@ -1,0 +1,1 @@
+"""Many tenants on one gateway: managed keys, rate limits, budgets and spend."""

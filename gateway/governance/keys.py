@@ -1,0 +1,320 @@
+"""Managed keys: created, rotated and revoked through the admin API; only a hash is stored.
+
+Every process keeps all managed keys in memory (a dict by SHA-256), so authenticating a request
+never waits on Redis. Changes are published on a Redis channel and applied by every replica at
+once; a full resync runs every `key_refresh_s` while the channel is live, and every second while
+it is not, so a new or revoked key reaches every replica within a second either way. While Redis
+is down, the keys already loaded keep working. Records read from Redis are validated data (a
+pydantic model), never executed as configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import secrets
+import time
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.exceptions import RedisError
+
+from gateway.governance.settings import Budget, Limits, Name
+from gateway.state import SharedState
+
+log = logging.getLogger("gateway.governance")
+
+KEY_PREFIX = "sk-gw-"
+_ID = re.compile(r"^mk_[0-9a-f]{16}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def hash_secret(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def new_secret() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+class KeyRecord(BaseModel):
+    """A managed key as stored (the hash, never the plaintext)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=_ID.pattern)
+    name: str = Field("", max_length=200)
+    tenant: Name
+    hash: str = Field(pattern=_HEX64.pattern)
+    created: float
+    updated: float = 0.0
+    expires_at: float | None = None
+    aliases: list[Name] = Field(default_factory=list, description="Empty = every alias.")
+    limits: Limits = Limits()
+    budget: Budget = Budget()
+    revoked: bool = False
+
+    def usable(self, now: float) -> bool:
+        return not self.revoked and (self.expires_at is None or now < self.expires_at)
+
+    def public(self) -> dict[str, Any]:
+        """What the admin API shows: everything but the hash."""
+        doc = self.model_dump(mode="json", exclude={"hash"})
+        doc["hint"] = self.hash[:6]
+        return doc
+
+
+class KeyUpdate(BaseModel):
+    """Fields an operator may change (PATCH); absent = unchanged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, max_length=200)
+    tenant: Name | None = None
+    expires_at: float | None = None
+    aliases: list[Name] | None = None
+    limits: Limits | None = None
+    budget: Budget | None = None
+
+
+class KeyCreate(KeyUpdate):
+    tenant: Name  # type: ignore[assignment]
+    expires_in_s: float | None = Field(None, gt=0)
+
+
+class KeyStore:
+    """All managed keys of the deployment, mirrored in memory."""
+
+    def __init__(self, state: SharedState) -> None:
+        self.state = state
+        self._by_hash: dict[str, KeyRecord] = {}
+        self._by_id: dict[str, KeyRecord] = {}
+        self._synced_at = 0.0
+        self._subscribed = False
+        self._task: asyncio.Task[None] | None = None
+        self._misses: dict[str, float] = {}  # unknown hashes looked up recently (bounded)
+        self.refresh_s = 30.0
+        self.events_applied = 0
+
+    # -- Redis layout --------------------------------------------------------------------------
+
+    def _rkey(self, key_id: str) -> str:
+        return self.state.key("gov", "key", key_id)
+
+    def _hkey(self, h: str) -> str:
+        return self.state.key("gov", "keyh", h)
+
+    @property
+    def _index(self) -> str:
+        return self.state.key("gov", "keys")
+
+    @property
+    def channel(self) -> str:
+        return self.state.key("gov", "keys", "events")
+
+    # -- lookups (hot path: memory only) -------------------------------------------------------
+
+    @property
+    def empty(self) -> bool:
+        return not self._by_hash
+
+    async def find(self, plaintext: str) -> KeyRecord | None:
+        """The record of a presented key (usable or not), None when unknown."""
+        h = hash_secret(plaintext)
+        rec = self._by_hash.get(h)
+        if rec is not None or not self.state.enabled:
+            return rec
+        # Not mirrored yet (created a moment ago on another replica?): ask Redis, at most once a
+        # second per unknown key, so a flood of bad keys cannot turn into a flood of Redis calls.
+        now = time.monotonic()
+        if now - self._misses.get(h, -10.0) < 1.0 or now - self._synced_at < 0.2:
+            return None
+        if len(self._misses) > 10_000:
+            self._misses.clear()
+        self._misses[h] = now
+        key_id = await self.state.call(lambda r: r.get(self._hkey(h)), None)
+        if key_id is not None and _ID.match(key_id.decode()):
+            await self._load_one(key_id.decode())
+        rec = self._by_hash.get(h)
+        return rec if rec is not None and rec.hash == h else None
+
+    def get(self, key_id: str) -> KeyRecord | None:
+        return self._by_id.get(key_id)
+
+    def all(self) -> list[KeyRecord]:
+        return sorted(self._by_id.values(), key=lambda r: r.created)
+
+    # -- changes (admin API) -------------------------------------------------------------------
+
+    async def create(self, spec: KeyCreate) -> tuple[KeyRecord, str]:
+        """A new key: (record, plaintext). The plaintext is returned once and never stored."""
+        secret = new_secret()
+        now = time.time()
+        expires = spec.expires_at
+        if spec.expires_in_s is not None:
+            expires = now + spec.expires_in_s
+        rec = KeyRecord(
+            id="mk_" + secrets.token_hex(8),
+            name=spec.name or "",
+            tenant=spec.tenant,
+            hash=hash_secret(secret),
+            created=now,
+            updated=now,
+            expires_at=expires,
+            aliases=spec.aliases or [],
+            limits=spec.limits or Limits(),
+            budget=spec.budget or Budget(),
+        )
+        await self._save(rec)
+        return rec, secret
+
+    async def update(self, key_id: str, change: KeyUpdate) -> KeyRecord | None:
+        rec = await self._fresh(key_id)
+        if rec is None:
+            return None
+        fields = change.model_dump(exclude_unset=True)
+        rec = rec.model_copy(update={**fields, "updated": time.time()})
+        rec = KeyRecord.model_validate(rec.model_dump())
+        await self._save(rec)
+        return rec
+
+    async def rotate(self, key_id: str) -> tuple[KeyRecord, str] | None:
+        """A new secret for the same key (same id, tenant, limits); the old one stops at once."""
+        rec = await self._fresh(key_id)
+        if rec is None or rec.revoked:
+            return None
+        secret = new_secret()
+        rec = rec.model_copy(update={"hash": hash_secret(secret), "updated": time.time()})
+        await self._save(rec)
+        return rec, secret
+
+    async def revoke(self, key_id: str) -> KeyRecord | None:
+        rec = await self._fresh(key_id)
+        if rec is None:
+            return None
+        rec = rec.model_copy(update={"revoked": True, "updated": time.time()})
+        await self._save(rec)
+        return rec
+
+    async def _fresh(self, key_id: str) -> KeyRecord | None:
+        if not _ID.match(key_id):
+            return None
+        if self.state.enabled:
+            await self._load_one(key_id, strict=True)
+        return self._by_id.get(key_id)
+
+    async def _save(self, rec: KeyRecord) -> None:
+        if self.state.enabled:
+            redis = self.state.redis
+            assert redis is not None
+            # Admin writes fail loudly (the caller gets a 503), unlike the request path.
+            old = self._by_id.get(rec.id)
+            async with redis.pipeline(transaction=True) as pipe:
+                if old is not None and old.hash != rec.hash:
+                    pipe.delete(self._hkey(old.hash))
+                pipe.set(self._hkey(rec.hash), rec.id)
+                pipe.set(self._rkey(rec.id), rec.model_dump_json())
+                pipe.sadd(self._index, rec.id)
+                pipe.publish(self.channel, orjson.dumps({"id": rec.id}))
+                await pipe.execute()
+        self._put(rec)
+
+    def _put(self, rec: KeyRecord) -> None:
+        old = self._by_id.get(rec.id)
+        if old is not None:
+            self._by_hash.pop(old.hash, None)
+        self._by_id[rec.id] = rec
+        self._by_hash[rec.hash] = rec
+        self._misses.pop(rec.hash, None)
+
+    # -- sync with the other replicas ----------------------------------------------------------
+
+    async def _load_one(self, key_id: str, strict: bool = False) -> None:
+        redis = self.state.redis
+        assert redis is not None
+        if strict:
+            raw = await redis.get(self._rkey(key_id))
+        else:
+            raw = await self.state.call(lambda r: r.get(self._rkey(key_id)), None)
+        if raw is None:
+            return
+        rec = _parse(raw)
+        if rec is not None:
+            self._put(rec)
+
+    async def _load_all(self) -> list[KeyRecord]:
+        """Replace the mirror with what Redis holds (kept as it is when Redis is down)."""
+
+        async def read(r: Any) -> list[Any] | None:
+            ids = await r.smembers(self._index)
+            if not ids:
+                return []
+            return await r.mget([self._rkey(i.decode()) for i in sorted(ids)])
+
+        raws = await self.state.call(read, None)
+        if raws is None:
+            return []
+        recs = [rec for raw in raws if raw is not None and (rec := _parse(raw)) is not None]
+        self._by_id = {r.id: r for r in recs}
+        self._by_hash = {r.hash: r for r in recs}
+        self._synced_at = time.monotonic()
+        return recs
+
+    async def start(self) -> None:
+        if self.state.enabled:
+            await self._load_all()
+            self._task = asyncio.create_task(self._sync_loop(), name="keys-sync")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    async def _sync_loop(self) -> None:
+        redis = self.state.redis
+        assert redis is not None
+        while True:
+            pubsub = redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                self._subscribed = True
+                await self._load_all()  # events may have been missed while unsubscribed
+                last_full = time.monotonic()
+                while True:
+                    msg = await pubsub.get_message(timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        await self._apply(msg["data"])
+                    if time.monotonic() - last_full >= self.refresh_s:
+                        await self._load_all()
+                        last_full = time.monotonic()
+            except (RedisError, OSError, TimeoutError):
+                self._subscribed = False
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+            # Not subscribed: poll every second until the channel is back.
+            await asyncio.sleep(1.0)
+            await self._load_all()
+
+    async def _apply(self, data: bytes) -> None:
+        try:
+            key_id = orjson.loads(data)["id"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return
+        if isinstance(key_id, str) and _ID.match(key_id):
+            await self._load_one(key_id)
+            self.events_applied += 1
+
+
+def _parse(raw: bytes) -> KeyRecord | None:
+    try:
+        return KeyRecord.model_validate_json(raw)
+    except ValidationError:
+        log.warning("ignoring a malformed managed key record in Redis")
+        return None

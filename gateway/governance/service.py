@@ -1,0 +1,330 @@
+"""The governance step of the pipeline: who is calling, may they, and what did it cost.
+
+`authenticate` finds the tenant and key of a request (managed keys first, then the policy's
+static keys); `admit` checks the key's allowed aliases, the budgets and the rate limits (429 when
+refused) and routes over-soft-budget tenants to their cheaper pool; `record` (a record-step
+observer) releases the concurrency slots, reconciles reserved tokens with the real usage, costs
+the request and adds it to the spend counters. Every response carries OpenAI's x-ratelimit-*
+headers for the limits that apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import orjson
+
+from gateway.auth import hash_key
+from gateway.errors import model_not_found, unauthorized
+from gateway.governance.answers import duration, over_budget, rate_limited
+from gateway.governance.concurrency import Concurrency, Slots
+from gateway.governance.keys import KEY_PREFIX, KeyRecord, KeyStore
+from gateway.governance.limits import Bucket, Limiter
+from gateway.governance.procs import Processes
+from gateway.governance.settings import Budget, Governance, Limits
+from gateway.governance.spend import NANO, SpendLedger, Usage, cost_nano, period_end
+from gateway.governance.stats import GovStats
+from gateway.metrics import content_events, usage_tokens
+from gateway.sse import encode_event, event_data
+from gateway.state import SharedState
+
+if TYPE_CHECKING:
+    from gateway.accept import Accepted
+    from gateway.context import Context
+    from gateway.decide import Decision
+    from gateway.runtime import Runtime, Snapshot
+
+log = logging.getLogger("gateway.governance")
+_PERIODS = ("day", "week", "month")
+
+
+@dataclass(slots=True)
+class Principal:
+    tenant: str
+    key_id: str  # "" on an open gateway
+    record: KeyRecord | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """What an admitted request holds until it is recorded."""
+
+    principal: Principal
+    reserved_tokens: float = 0.0
+    token_buckets: list[Bucket] = field(default_factory=list)
+    slots: list[Slots] = field(default_factory=list)
+    budget_keys: list[str] = field(default_factory=list)
+    hide_usage: bool = False
+    watch_stream: bool = False
+    usage: tuple[int, int] | None = None  # (prompt, completion) seen in a stream
+
+    def stream_event(self, ev: bytes) -> bytes | None:
+        """Take the usage from a stream; hide it when the client did not ask for it."""
+        if b'"usage"' not in ev:
+            return ev
+        if self.hide_usage:
+            ev = ev.replace(b',"usage":null', b"")
+            if b'"usage"' not in ev:
+                return ev
+        data = event_data(ev)
+        if data is None or data == b"[DONE]":
+            return ev
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return ev
+        usage = chunk.get("usage") if isinstance(chunk, dict) else None
+        if isinstance(usage, dict):
+            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(p, int) and isinstance(c, int):
+                self.usage = (p, c)
+        if not self.hide_usage:
+            return ev
+        if not chunk.get("choices"):
+            return None  # the usage-only chunk the client did not ask for
+        chunk.pop("usage", None)
+        return encode_event(orjson.dumps(chunk))
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if authorization and authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    return None
+
+
+class GovernanceService:
+    def __init__(self, state: SharedState, runtime: Runtime | None = None) -> None:
+        self.state, self.runtime = state, runtime
+        self.procs = Processes(state)
+        self.keys = KeyStore(state)
+        self.limiter = Limiter(state, self.procs)
+        self.concurrency = Concurrency(state, self.procs)
+        self.ledger = SpendLedger(state)
+        self.stats = GovStats()
+        self._soft_logged: set[str] = set()
+        self._configured: Governance | None = None
+
+    async def start(self, settings: Governance) -> None:
+        self.configure(settings)
+        await self.procs.start()
+        await self.keys.start()
+        await self.ledger.start()
+
+    async def stop(self) -> None:
+        await self.ledger.stop()
+        await self.keys.stop()
+        await self.procs.stop()
+
+    def configure(self, g: Governance) -> None:
+        self._configured = g
+        self.limiter.lease_fraction = self.concurrency.lease_fraction = g.sync.lease_fraction
+        self.keys.refresh_s = g.sync.key_refresh_s
+        self.ledger.flush_s = g.sync.spend_flush_s
+
+    # -- 1. who -------------------------------------------------------------------------------
+
+    async def authenticate(self, snap: Snapshot, authorization: str | None) -> Principal:
+        token = _bearer(authorization)
+        if token is not None and token.startswith(KEY_PREFIX):
+            rec = await self.keys.find(token)
+            if rec is None or rec.revoked:
+                raise unauthorized("Incorrect API key provided.")
+            if not rec.usable(time.time()):
+                raise unauthorized("This API key has expired.")
+            return Principal(rec.tenant, rec.id, rec)
+        if snap.keys.open and snap.policy.governance.require_key:
+            raise unauthorized("Missing API key. Send it as 'Authorization: Bearer <key>'.")
+        tenant = snap.keys.tenant_for(authorization)
+        key_id = "" if snap.keys.open or token is None else "sk_" + hash_key(token)[:12]
+        return Principal(tenant, key_id)
+
+    # -- 2. may they --------------------------------------------------------------------------
+
+    def _policies(self, g: Governance, p: Principal) -> tuple[Limits, Limits, Budget, Budget]:
+        t = g.tenant(p.tenant)
+        key_limits, key_budget = t.key_limits, t.key_budget
+        override = g.keys.get(p.key_id)
+        if override is not None:
+            key_limits = override.limits.merged(key_limits)
+            key_budget = override.budget.merged(key_budget)
+        if p.record is not None:
+            key_limits = p.record.limits.merged(key_limits)
+            key_budget = p.record.budget.merged(key_budget)
+        return t.limits, key_limits, t.budget, key_budget
+
+    async def admit(
+        self, snap: Snapshot, p: Principal, acc: Accepted, decision: Decision, ctx: Context
+    ) -> None:
+        """Raise a 429 (or 404 for an alias the key may not use); else attach a Ticket to ctx."""
+        g = snap.policy.governance
+        if g is not self._configured:
+            self.configure(g)  # a reloaded policy
+        if p.record is not None and p.record.aliases and acc.model not in p.record.aliases:
+            raise model_not_found(acc.model)
+        t_limits, k_limits, t_budget, k_budget = self._policies(g, p)
+        scopes = [("t:" + p.tenant, t_limits, t_budget)]
+        if p.key_id:
+            scopes.append(("k:" + p.key_id, k_limits, k_budget))
+        ticket = Ticket(p)
+        now = time.time()
+        for scope, _, _ in scopes:
+            ticket.budget_keys += [self.ledger.budget_key(scope, per, now) for per in _PERIODS]
+        await self._check_budgets(snap, scopes, ticket, decision, ctx, now)
+        ticket.reserved_tokens = float(decision.prompt_tokens + (acc.max_tokens or 0))
+        requests: list[Bucket] = []
+        for scope, lim, _ in scopes:
+            if lim.requests_per_minute:
+                requests.append(self.limiter.bucket(scope, "r", lim.requests_per_minute))
+            if lim.tokens_per_minute:
+                b = self.limiter.bucket(scope, "t", lim.tokens_per_minute)
+                if ticket.reserved_tokens > b.capacity:
+                    raise rate_limited(
+                        f"Request too large for {scope}: about {int(ticket.reserved_tokens)} "
+                        f"tokens (prompt plus max_tokens); the limit is {int(b.capacity)} "
+                        "tokens per minute.",
+                        60.0,
+                        {},
+                    )
+                ticket.token_buckets.append(b)
+            if lim.max_concurrent:
+                ticket.slots.append(self.concurrency.slots(scope, lim.max_concurrent))
+        wants = [(b, 1.0) for b in requests]
+        wants += [(b, ticket.reserved_tokens) for b in ticket.token_buckets]
+        if wants:
+            wait = await self.limiter.take(wants)
+            headers = self._headers(requests, ticket.token_buckets)
+            ctx.extra_headers = headers = {**(ctx.extra_headers or {}), **headers}
+            if wait is not None:
+                self.stats.refused(p.tenant, p.key_id, "rate_limit")
+                raise rate_limited(
+                    f"Rate limit reached for {p.tenant}: retry in {duration(wait)}.", wait, headers
+                )
+        if ticket.slots and not await self.concurrency.acquire(ticket.slots):
+            for b, n in wants:
+                self.limiter.give_back(b, n)
+            self.stats.refused(p.tenant, p.key_id, "concurrency")
+            raise rate_limited(
+                f"Too many concurrent requests for {p.tenant}.", 1.0, ctx.extra_headers or {}
+            )
+        if acc.stream and g.stream_usage and acc.endpoint != "embeddings":
+            ticket.watch_stream = True
+            opts = acc.body.get("stream_options") or {}
+            ticket.hide_usage = not opts.get("include_usage")
+        ctx.governance = ticket
+        self.stats.admitted(p.tenant, p.key_id)
+
+    def upstream(self, acc: Accepted, ctx: Context) -> Accepted:
+        """The request as sent upstream: asks for stream usage when the client did not."""
+        t: Ticket | None = ctx.governance
+        if t is None or not t.hide_usage:
+            return acc
+        opts = acc.body.get("stream_options") or {}
+        body = {**acc.body, "stream_options": {**opts, "include_usage": True}}
+        return dataclasses.replace(acc, body=body)
+
+    async def _check_budgets(
+        self,
+        snap: Snapshot,
+        scopes: list[tuple[str, Limits, Budget]],
+        ticket: Ticket,
+        decision: Decision,
+        ctx: Context,
+        now: float,
+    ) -> None:
+        checks = []
+        for scope, _, budget in scopes:
+            for period, usd in budget.periods():
+                bk = self.ledger.budget_key(scope, period, now)
+                checks.append((scope, period, usd, budget.soft_fraction, bk))
+        if not checks:
+            return
+        near = [bk for _, _, usd, soft, bk in checks if self.ledger.spent(bk) >= usd * soft * NANO]
+        if near:
+            await self.ledger.refresh(near)  # close to a limit: the shared totals, fresh
+        soft_hit = None
+        for scope, period, usd, soft, bk in checks:
+            spent = self.ledger.spent(bk)
+            if spent >= usd * NANO:
+                self.stats.refused(ticket.principal.tenant, ticket.principal.key_id, "budget")
+                raise over_budget(
+                    f"You exceeded your current quota: {scope} has spent its budget of "
+                    f"${usd:g} per {period}.",
+                    period_end(period, now) - now,
+                    {"x-gateway-budget": "exceeded"},
+                )
+            if spent >= usd * soft * NANO:
+                soft_hit = (scope, period, usd)
+        if soft_hit is None:
+            return
+        scope, period, usd = soft_hit
+        ctx.extra_headers = {"x-gateway-budget": "soft"}
+        self.stats.soft(ticket.principal.tenant, ticket.principal.key_id)
+        mark = f"{scope}:{period}:{self.ledger.budget_key(scope, period, now)}"
+        if mark not in self._soft_logged and len(self._soft_logged) < 10_000:
+            self._soft_logged.add(mark)
+            log.warning("%s is over the soft limit of its %s budget ($%g)", scope, period, usd)
+        pool = snap.policy.governance.tenant(ticket.principal.tenant).soft_budget_pool
+        if pool is not None:
+            decision.chain = _chain(snap, pool)
+
+    def _headers(self, requests: list[Bucket], tokens: list[Bucket]) -> dict[str, str]:
+        now = time.monotonic()
+        h: dict[str, str] = {}
+        for dim, buckets in (("requests", requests), ("tokens", tokens)):
+            if not buckets:
+                continue
+            b = min(buckets, key=lambda x: x.remaining(now))
+            h[f"x-ratelimit-limit-{dim}"] = str(int(b.capacity))
+            h[f"x-ratelimit-remaining-{dim}"] = str(int(b.remaining(now)))
+            h[f"x-ratelimit-reset-{dim}"] = duration(b.reset_s(now))
+        return h
+
+    # -- 3. what did it cost (record step) ----------------------------------------------------
+
+    def record(self, ctx: Context) -> None:
+        t: Ticket | None = ctx.governance
+        if t is None:
+            return
+        ctx.governance = None  # once
+        if t.slots:
+            self.concurrency.release(t.slots)
+        prompt = completion = 0
+        cost = 0
+        if ctx.status == 200 and ctx.provider and not ctx.cache.startswith("hit"):
+            if ctx.stream:
+                if t.usage is not None:
+                    prompt, completion = t.usage
+                else:
+                    prompt, completion = ctx.prompt_tokens, content_events(ctx)
+            else:
+                p, c = usage_tokens(ctx.response_body)
+                prompt = p if p is not None else ctx.prompt_tokens
+                completion = c or 0
+            provider = self.runtime.snapshot.providers.get(ctx.provider) if self.runtime else None
+            if provider is not None:
+                price = provider.config.price
+                cost = cost_nano(prompt, completion, price.input_per_1m, price.output_per_1m)
+        for b in t.token_buckets:
+            self.limiter.give_back(b, t.reserved_tokens - (prompt + completion))
+        ctx.cost_usd = cost / NANO
+        p_ = t.principal
+        usage = Usage(cost, 1, prompt, completion)
+        self.ledger.record(
+            time.time(), p_.tenant, p_.key_id, ctx.alias, ctx.provider, usage, t.budget_keys
+        )
+        self.stats.spent(p_.tenant, p_.key_id, cost, prompt + completion)
+
+
+def _chain(snap: Snapshot, first: str) -> list[str]:
+    chain = [first]
+    i = 0
+    while i < len(chain):
+        for fb in snap.policy.pools[chain[i]].fallback:
+            if fb not in chain:
+                chain.append(fb)
+        i += 1
+    return chain

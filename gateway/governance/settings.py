@@ -1,0 +1,148 @@
+"""Governance settings in the policy: limits and budgets per tenant and per key.
+
+Resolution for one request (first value set wins, field by field):
+key limits = the managed key's own limits > `governance.keys[<key id>]` > the tenant's `key_limits`;
+tenant limits = `governance.tenants[<tenant>]` > `governance.default_tenant`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@+-]+$")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Limits(_Strict):
+    """Rate limits of one scope (a tenant or a key). None = no limit."""
+
+    requests_per_minute: int | None = Field(
+        None, ge=1, description="Token bucket: this many requests a minute, bursts up to it."
+    )
+    tokens_per_minute: int | None = Field(
+        None,
+        ge=1,
+        description="Prompt estimate plus max_tokens reserved before the call, reconciled with "
+        "the provider's usage after it.",
+    )
+    max_concurrent: int | None = Field(None, ge=1, description="Requests in flight at once.")
+
+    def merged(self, fallback: Limits) -> Limits:
+        """Field by field: this value when set, else the fallback's."""
+        return Limits(
+            requests_per_minute=self.requests_per_minute or fallback.requests_per_minute,
+            tokens_per_minute=self.tokens_per_minute or fallback.tokens_per_minute,
+            max_concurrent=self.max_concurrent or fallback.max_concurrent,
+        )
+
+    @property
+    def any(self) -> bool:
+        return bool(self.requests_per_minute or self.tokens_per_minute or self.max_concurrent)
+
+
+class Budget(_Strict):
+    """USD per calendar period (UTC), from the providers' prices and the real usage."""
+
+    daily_usd: float | None = Field(None, gt=0)
+    weekly_usd: float | None = Field(None, gt=0, description="ISO week, Monday to Sunday.")
+    monthly_usd: float | None = Field(None, gt=0)
+    soft_fraction: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="Soft limit = this share of each hard limit: header, metric, log line and "
+        "(for tenants with soft_budget_pool) cheaper routing.",
+    )
+
+    def merged(self, fallback: Budget) -> Budget:
+        return Budget(
+            daily_usd=self.daily_usd or fallback.daily_usd,
+            weekly_usd=self.weekly_usd or fallback.weekly_usd,
+            monthly_usd=self.monthly_usd or fallback.monthly_usd,
+            soft_fraction=self.soft_fraction,
+        )
+
+    def periods(self) -> list[tuple[str, float]]:
+        out = []
+        for period, usd in (
+            ("day", self.daily_usd),
+            ("week", self.weekly_usd),
+            ("month", self.monthly_usd),
+        ):
+            if usd:
+                out.append((period, usd))
+        return out
+
+
+class TenantPolicy(_Strict):
+    limits: Limits = Limits()
+    key_limits: Limits = Field(Limits(), description="Default limits of each key of the tenant.")
+    budget: Budget = Budget()
+    key_budget: Budget = Field(Budget(), description="Default budget of each key of the tenant.")
+    soft_budget_pool: Name | None = Field(
+        None, description="Over the soft budget, the tenant's requests go to this (cheaper) pool."
+    )
+
+
+class KeyPolicy(_Strict):
+    limits: Limits = Limits()
+    budget: Budget = Budget()
+
+
+class Sync(_Strict):
+    """How limits are shared between processes (see gateway/governance/limits.py)."""
+
+    lease_fraction: float = Field(
+        0.05,
+        gt=0,
+        le=0.5,
+        description="A process takes this share of what is left in a shared bucket per Redis "
+        "round trip: far from the limit most requests need no Redis call, near it each does.",
+    )
+    key_refresh_s: float = Field(
+        30.0, gt=0, description="Full resync of managed keys while the pub/sub channel is live."
+    )
+    spend_flush_s: float = Field(
+        0.25, gt=0, le=10, description="Spend counters are written to Redis in batches this often."
+    )
+
+
+class Governance(_Strict):
+    require_key: bool = Field(
+        False,
+        description="Refuse requests without a valid key even when no static key is configured "
+        "(managed keys only).",
+    )
+    stream_usage: bool = Field(
+        True,
+        description="Ask providers for stream usage (stream_options.include_usage) so streams "
+        "are costed and counted; the usage chunk is hidden from clients that did not ask.",
+    )
+    default_tenant: TenantPolicy = Field(
+        TenantPolicy(), description="Tenants without their own entry."
+    )
+    tenants: dict[Name, TenantPolicy] = Field(default_factory=dict)
+    keys: dict[Name, KeyPolicy] = Field(
+        default_factory=dict,
+        description="Per-key overrides by key id (managed: mk_..., static: sk_ + the first 12 hex "
+        "digits of the key's SHA-256, as in the access log).",
+    )
+    sync: Sync = Sync()
+
+    def tenant(self, name: str) -> TenantPolicy:
+        return self.tenants.get(name, self.default_tenant)
+
+    def reference_errors(self, pools: set[str]) -> list[str]:
+        errors = []
+        for name, t in [("default_tenant", self.default_tenant), *self.tenants.items()]:
+            if t.soft_budget_pool and t.soft_budget_pool not in pools:
+                path = "default_tenant" if name == "default_tenant" else f"tenants.{name}"
+                errors.append(
+                    f"governance.{path}.soft_budget_pool: unknown pool '{t.soft_budget_pool}'"
+                )
+        return errors

@@ -1,0 +1,291 @@
+"""Spend: durable counters of cost and tokens, and the running totals budgets are checked against.
+
+Each finished request adds its cost (integer nano-USD, so sums are exact) and tokens to
+in-process pending counters; a background task writes them to Redis every `spend_flush_s` in one
+transaction, which also returns the new shared totals of the budget periods touched and refreshes
+the totals of the budgets this process checks. Redis layout (all under the gateway prefix):
+
+- `gov:spend:<YYYY-MM-DD>`: hash `tenant<TAB>key<TAB>alias<TAB>provider<TAB>c|r|i|o` -> cost
+  (nano-USD), requests, input and output tokens. Kept 400 days; read by `/admin/spend`.
+- `gov:budget:<scope>:<period id>`: nano-USD spent by a scope (`t:<tenant>` / `k:<key id>`) in a
+  day (`d2026-12-01`), ISO week (`w2026-W49`) or month (`m2026-12`).
+
+While Redis is down the pending counters are kept and written once it is back; without Redis
+everything stays in memory (one process, not durable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.state import SharedState
+
+log = logging.getLogger("gateway.governance")
+NANO = 1_000_000_000
+_SEP = "\t"
+_DAY_TTL_S = 400 * 86400
+GROUPS = ("day", "model", "provider", "tenant", "key")
+
+
+def period_id(period: str, when: float) -> str:
+    d = dt.datetime.fromtimestamp(when, dt.UTC)
+    if period == "day":
+        return d.strftime("d%Y-%m-%d")
+    if period == "week":
+        y, w, _ = d.isocalendar()
+        return f"w{y}-W{w:02d}"
+    return d.strftime("m%Y-%m")
+
+
+def period_end(period: str, when: float) -> float:
+    """Unix time at which the period containing `when` ends (for Retry-After and TTLs)."""
+    d = dt.datetime.fromtimestamp(when, dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        end = d + dt.timedelta(days=1)
+    elif period == "week":
+        end = d + dt.timedelta(days=7 - d.weekday())
+    else:
+        end = (d.replace(day=1) + dt.timedelta(days=32)).replace(day=1)
+    return end.timestamp()
+
+
+def cost_nano(prompt: int, completion: int, input_per_1m: float, output_per_1m: float) -> int:
+    # USD per 1M tokens x tokens = micro-USD; x1000 = nano-USD.
+    return round((prompt * input_per_1m + completion * output_per_1m) * 1000)
+
+
+@dataclass(slots=True)
+class Usage:
+    cost: int = 0  # nano-USD
+    requests: int = 0
+    input: int = 0
+    output: int = 0
+
+    def add(self, other: Usage) -> None:
+        self.cost += other.cost
+        self.requests += other.requests
+        self.input += other.input
+        self.output += other.output
+
+
+class SpendLedger:
+    def __init__(self, state: SharedState) -> None:
+        self.state = state
+        self.flush_s = 0.25
+        self._pending: dict[tuple[str, str], Usage] = {}  # (day, combo) -> usage
+        self._budget_pending: dict[str, int] = {}  # budget key -> nano-USD not written yet
+        self._budget_flushing: dict[str, int] = {}  # being written now
+        self._totals: dict[str, int] = {}  # budget key -> shared total at the last sync
+        self._watched: dict[str, float] = {}  # budget keys checked recently -> when
+        self._memory: dict[str, dict[str, Usage]] = {}  # no Redis: day -> combo -> usage
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.flush_failures = 0
+
+    def budget_key(self, scope: str, period: str, when: float) -> str:
+        return self.state.key("gov", "budget", scope, period_id(period, when))
+
+    # -- hot path ------------------------------------------------------------------------------
+
+    def spent(self, budget_key: str) -> int:
+        """nano-USD spent: the shared total at the last sync plus what this process added since."""
+        self._watched[budget_key] = time.monotonic()
+        return (
+            self._totals.get(budget_key, 0)
+            + self._budget_pending.get(budget_key, 0)
+            + self._budget_flushing.get(budget_key, 0)
+        )
+
+    def record(
+        self,
+        when: float,
+        tenant: str,
+        key: str,
+        alias: str,
+        provider: str,
+        usage: Usage,
+        budget_keys: Iterable[str],
+    ) -> None:
+        day = dt.datetime.fromtimestamp(when, dt.UTC).strftime("%Y-%m-%d")
+        combo = _SEP.join((tenant, key, alias, provider))
+        if not self.state.enabled:
+            self._memory.setdefault(day, {}).setdefault(combo, Usage()).add(usage)
+        else:
+            self._pending.setdefault((day, combo), Usage()).add(usage)
+        if usage.cost:
+            for bk in budget_keys:
+                if self.state.enabled:
+                    self._budget_pending[bk] = self._budget_pending.get(bk, 0) + usage.cost
+                else:
+                    self._totals[bk] = self._totals.get(bk, 0) + usage.cost
+
+    # -- background ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.state.enabled:
+            self._task = asyncio.create_task(self._loop(), name="spend-flush")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        with contextlib.suppress(Exception):
+            await self.flush()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            with contextlib.suppress(Exception):
+                await self.flush()
+
+    async def flush(self) -> bool:
+        """Write pending counters and refresh watched totals (one transaction). False on failure."""
+        if not self.state.enabled:
+            return True
+        pending, self._pending = self._pending, {}
+        budgets, self._budget_pending = self._budget_pending, {}
+        self._budget_flushing = budgets
+        now = time.monotonic()
+        watched = [k for k, t in self._watched.items() if now - t < 120 and k not in budgets]
+        for k in [k for k, t in self._watched.items() if now - t >= 120]:
+            del self._watched[k]
+        if not pending and not budgets and not watched:
+            return True
+
+        async def run(r: Any) -> list[Any]:
+            async with r.pipeline(transaction=True) as p:
+                for (day, combo), u in pending.items():
+                    h = self.state.key("gov", "spend", day)
+                    for suffix, v in (("c", u.cost), ("r", u.requests), ("i", u.input)):
+                        if v:
+                            p.hincrby(h, combo + _SEP + suffix, v)
+                    if u.output:
+                        p.hincrby(h, combo + _SEP + "o", u.output)
+                    p.expire(h, _DAY_TTL_S)
+                for bk, v in budgets.items():
+                    p.incrby(bk, v)
+                    p.expire(bk, 40 * 86400)
+                if watched:
+                    p.mget(watched)
+                return await p.execute()
+
+        try:
+            res = await self.state.call(run, None)
+        finally:
+            self._budget_flushing = {}
+        if res is None:
+            # Keep everything for the next try (merged with what arrived meanwhile).
+            self.flush_failures += 1
+            for k, u in pending.items():
+                self._pending.setdefault(k, Usage()).add(u)
+            for bk, v in budgets.items():
+                self._budget_pending[bk] = self._budget_pending.get(bk, 0) + v
+            return False
+        totals = res[-1] if watched else None
+        for bk, total in zip(budgets, _incr_replies(res, pending, budgets), strict=True):
+            self._totals[bk] = total
+        if watched and isinstance(totals, list):
+            for bk, v in zip(watched, totals, strict=True):
+                self._totals[bk] = int(v) if v is not None else 0
+        return True
+
+    async def refresh(self, keys: list[str]) -> None:
+        """Read the shared totals of budgets close to their limit (one round trip)."""
+        if not self.state.enabled or not keys:
+            return
+        vals = await self.state.call(lambda r: r.mget(keys), None)
+        if vals is not None:
+            for k, v in zip(keys, vals, strict=True):
+                self._totals[k] = int(v) if v is not None else 0
+
+    # -- reading -------------------------------------------------------------------------------
+
+    async def query(
+        self,
+        days: list[str],
+        tenant: str | None,
+        key: str | None,
+        alias: str | None,
+        group_by: str,
+    ) -> dict[str, Any]:
+        await self.flush()
+        per_day: dict[str, dict[str, Usage]] = {}
+        if self.state.enabled:
+
+            async def read(r: Any) -> list[Any]:
+                async with r.pipeline(transaction=False) as p:
+                    for d in days:
+                        p.hgetall(self.state.key("gov", "spend", d))
+                    return await p.execute()
+
+            redis = self.state.redis
+            assert redis is not None
+            for d, raw in zip(days, await read(redis), strict=True):
+                per_day[d] = _decode_day(raw)
+        else:
+            per_day = {d: self._memory.get(d, {}) for d in days}
+        groups: dict[str, Usage] = {}
+        total = Usage()
+        for d, combos in per_day.items():
+            for combo, u in combos.items():
+                t, k, a, prov = combo.split(_SEP)
+                if (tenant and t != tenant) or (key and k != key) or (alias and a != alias):
+                    continue
+                g = {"day": d, "model": a, "provider": prov, "tenant": t, "key": k}[group_by]
+                groups.setdefault(g, Usage()).add(u)
+                total.add(u)
+        return {
+            "group_by": group_by,
+            "total": _usage_doc(total),
+            "groups": [{group_by: g, **_usage_doc(u)} for g, u in sorted(groups.items())],
+        }
+
+
+def _incr_replies(res: list[Any], pending: dict[Any, Usage], budgets: dict[str, int]) -> list[int]:
+    """The INCRBY replies (new totals) of the budget counters, in order."""
+    # Per pending combo: one HINCRBY per non-zero field plus one EXPIRE.
+    i = 0
+    for u in pending.values():
+        i += sum(1 for v in (u.cost, u.requests, u.input, u.output) if v) + 1
+    out = []
+    for _ in budgets:
+        out.append(int(res[i]))
+        i += 2  # INCRBY, EXPIRE
+    return out
+
+
+def _decode_day(raw: dict[bytes, bytes]) -> dict[str, Usage]:
+    out: dict[str, Usage] = {}
+    for f, v in raw.items():
+        combo, _, kind = f.decode().rpartition(_SEP)
+        if combo.count(_SEP) != 3:
+            continue
+        u = out.setdefault(combo, Usage())
+        n = int(v)
+        if kind == "c":
+            u.cost += n
+        elif kind == "r":
+            u.requests += n
+        elif kind == "i":
+            u.input += n
+        elif kind == "o":
+            u.output += n
+    return out
+
+
+def _usage_doc(u: Usage) -> dict[str, Any]:
+    return {
+        "cost_usd": u.cost / NANO,
+        "requests": u.requests,
+        "input_tokens": u.input,
+        "output_tokens": u.output,
+    }
