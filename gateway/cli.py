@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gateway.governance.cli import keys_app
 from gateway.policy.loader import PolicyError, load_policy
 
 app = typer.Typer(
@@ -17,6 +18,7 @@ app = typer.Typer(
 )
 policy_app = typer.Typer(no_args_is_help=True, help="Work with policy files.")
 app.add_typer(policy_app, name="policy")
+app.add_typer(keys_app, name="keys")
 
 
 @app.command()
