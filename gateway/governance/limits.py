@@ -10,7 +10,9 @@ needs, so every request asks Redis and the limit holds to the unit.
 
 When Redis is unreachable each process enforces its share (1/N of capacity and rate, N = live
 gateway processes seen in the heartbeat set) in a local bucket, and counts the decisions it took
-alone (metric `gateway_ratelimit_local_decisions`).
+alone (metric `gateway_ratelimit_local_decisions`). What it admitted alone is charged to the
+shared bucket at its next lease, so a short outage (or a timeout on an overloaded host) does not
+let a scope exceed its limit over the minute.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ local ttl = tonumber(ARGV[2])
 local have = {}
 local wait = 0
 for i = 1, #KEYS do
-  local j = 3 + (i - 1) * 3
+  local j = 3 + (i - 1) * 4
   local cap, rate, need = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   local v = redis.call('HMGET', KEYS[i], 't', 'ts')
   local t, ts = tonumber(v[1]), tonumber(v[2])
   if t == nil or ts == nil then t = cap; ts = now end
   if now > ts then t = math.min(cap, t + (now - ts) * rate) end
+  t = t - tonumber(ARGV[j + 3])  -- spent while Redis was away: charged now
   have[i] = t
   if t < need then
     local w = (need - t) / rate
@@ -44,7 +47,7 @@ for i = 1, #KEYS do
 end
 local out = {tostring(wait)}
 for i = 1, #KEYS do
-  local need = tonumber(ARGV[3 + (i - 1) * 3 + 2])
+  local need = tonumber(ARGV[3 + (i - 1) * 4 + 2])
   local grant = 0
   if wait == 0 then grant = need + math.floor(math.max(have[i] - need, 0) * frac) end
   local left = have[i] - grant
@@ -68,6 +71,7 @@ class Bucket:
     shared_left: float | None = None  # units left in the shared bucket at the last lease
     synced: float = 0.0
     local_tokens: float | None = None  # the local share while Redis is down
+    debt: float = 0.0  # units admitted alone while Redis was down, charged at the next lease
     local_ts: float = 0.0
 
     def remaining(self, now: float) -> float:
@@ -123,12 +127,15 @@ class Limiter:
 
     async def _lease(self, short: list[tuple[Bucket, float]]) -> float | None:
         if self.state.available:
-            res = await self.state.call(lambda r: self._run(r, short), None)
+            debts = [b.debt for b, _ in short]
+            res = await self.state.call(lambda r: self._run(r, short, debts), None)
             if res is not None:
                 self.local_mode = False
                 self.redis_calls += 1
                 now = time.monotonic()
                 wait = float(res[0])
+                for (b, _), d in zip(short, debts, strict=True):
+                    b.debt -= d
                 for i, (b, _) in enumerate(short):
                     b.balance += float(res[1 + 2 * i])
                     b.shared_left, b.synced = float(res[2 + 2 * i]), now
@@ -136,12 +143,14 @@ class Limiter:
                 return wait if wait > 0 else None
         return self._lease_locally(short)
 
-    async def _run(self, redis: Any, short: list[tuple[Bucket, float]]) -> list[Any]:
+    async def _run(
+        self, redis: Any, short: list[tuple[Bucket, float]], debts: list[float]
+    ) -> list[Any]:
         if self._script is None:
             self._script = redis.register_script(_LEASE)
         args: list[Any] = [self.lease_fraction, 300]
-        for b, need in short:
-            args += [b.capacity, b.rate, need]
+        for (b, need), debt in zip(short, debts, strict=True):
+            args += [b.capacity, b.rate, need, debt]
         return await self._script(keys=[b.key for b, _ in short], args=args, client=redis)
 
     def _lease_locally(self, short: list[tuple[Bucket, float]]) -> float | None:
@@ -169,4 +178,5 @@ class Limiter:
             assert b.local_tokens is not None
             b.local_tokens -= need
             b.balance += need
+            b.debt += need
         return None
