@@ -47,7 +47,7 @@ class KeyRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=_ID.pattern)
-    name: str = Field("", max_length=200)
+    name: str = Field(default="", max_length=200)
     tenant: Name
     hash: str = Field(pattern=_HEX64.pattern)
     created: float
@@ -73,7 +73,7 @@ class KeyUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, max_length=200)
+    name: str | None = Field(default=None, max_length=200)
     tenant: Name | None = None
     expires_at: float | None = None
     aliases: list[Name] | None = None
@@ -83,7 +83,7 @@ class KeyUpdate(BaseModel):
 
 class KeyCreate(KeyUpdate):
     tenant: Name  # type: ignore[assignment]
-    expires_in_s: float | None = Field(None, gt=0)
+    expires_in_s: float | None = Field(default=None, gt=0)
 
 
 class KeyStore:
@@ -136,9 +136,10 @@ class KeyStore:
         if len(self._misses) > 10_000:
             self._misses.clear()
         self._misses[h] = now
-        key_id = await self.state.call(lambda r: r.get(self._hkey(h)), None)
-        if key_id is not None and _ID.match(key_id.decode()):
-            await self._load_one(key_id.decode())
+        raw = await self.state.call(lambda r: r.get(self._hkey(h)), None)
+        key_id = raw.decode() if isinstance(raw, bytes) else raw
+        if key_id is not None and _ID.match(key_id):
+            await self._load_one(key_id)
         rec = self._by_hash.get(h)
         return rec if rec is not None and rec.hash == h else None
 
@@ -312,7 +313,7 @@ class KeyStore:
             self.events_applied += 1
 
 
-def _parse(raw: bytes) -> KeyRecord | None:
+def _parse(raw: bytes | str) -> KeyRecord | None:
     try:
         return KeyRecord.model_validate_json(raw)
     except ValidationError:

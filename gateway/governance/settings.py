@@ -22,15 +22,19 @@ class Limits(_Strict):
     """Rate limits of one scope (a tenant or a key). None = no limit."""
 
     requests_per_minute: int | None = Field(
-        None, ge=1, description="Token bucket: this many requests a minute, bursts up to it."
+        default=None,
+        ge=1,
+        description="Token bucket: this many requests a minute, bursts up to it.",
     )
     tokens_per_minute: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="Prompt estimate plus max_tokens reserved before the call, reconciled with "
         "the provider's usage after it.",
     )
-    max_concurrent: int | None = Field(None, ge=1, description="Requests in flight at once.")
+    max_concurrent: int | None = Field(
+        default=None, ge=1, description="Requests in flight at once."
+    )
 
     def merged(self, fallback: Limits) -> Limits:
         """Field by field: this value when set, else the fallback's."""
@@ -48,11 +52,11 @@ class Limits(_Strict):
 class Budget(_Strict):
     """USD per calendar period (UTC), from the providers' prices and the real usage."""
 
-    daily_usd: float | None = Field(None, gt=0)
-    weekly_usd: float | None = Field(None, gt=0, description="ISO week, Monday to Sunday.")
-    monthly_usd: float | None = Field(None, gt=0)
+    daily_usd: float | None = Field(default=None, gt=0)
+    weekly_usd: float | None = Field(default=None, gt=0, description="ISO week, Monday to Sunday.")
+    monthly_usd: float | None = Field(default=None, gt=0)
     soft_fraction: float = Field(
-        0.8,
+        default=0.8,
         gt=0,
         le=1,
         description="Soft limit = this share of each hard limit: header, metric, log line and "
@@ -81,11 +85,16 @@ class Budget(_Strict):
 
 class TenantPolicy(_Strict):
     limits: Limits = Limits()
-    key_limits: Limits = Field(Limits(), description="Default limits of each key of the tenant.")
+    key_limits: Limits = Field(
+        default=Limits(), description="Default limits of each key of the tenant."
+    )
     budget: Budget = Budget()
-    key_budget: Budget = Field(Budget(), description="Default budget of each key of the tenant.")
+    key_budget: Budget = Field(
+        default=Budget(), description="Default budget of each key of the tenant."
+    )
     soft_budget_pool: Name | None = Field(
-        None, description="Over the soft budget, the tenant's requests go to this (cheaper) pool."
+        default=None,
+        description="Over the soft budget, the tenant's requests go to this (cheaper) pool.",
     )
 
 
@@ -98,33 +107,38 @@ class Sync(_Strict):
     """How limits are shared between processes (see gateway/governance/limits.py)."""
 
     lease_fraction: float = Field(
-        0.05,
+        default=0.05,
         gt=0,
         le=0.5,
         description="A process takes this share of what is left in a shared bucket per Redis "
         "round trip: far from the limit most requests need no Redis call, near it each does.",
     )
     key_refresh_s: float = Field(
-        30.0, gt=0, description="Full resync of managed keys while the pub/sub channel is live."
+        default=30.0,
+        gt=0,
+        description="Full resync of managed keys while the pub/sub channel is live.",
     )
     spend_flush_s: float = Field(
-        0.25, gt=0, le=10, description="Spend counters are written to Redis in batches this often."
+        default=0.25,
+        gt=0,
+        le=10,
+        description="Spend counters are written to Redis in batches this often.",
     )
 
 
 class Governance(_Strict):
     require_key: bool = Field(
-        False,
+        default=False,
         description="Refuse requests without a valid key even when no static key is configured "
         "(managed keys only).",
     )
     stream_usage: bool = Field(
-        True,
+        default=True,
         description="Ask providers for stream usage (stream_options.include_usage) so streams "
         "are costed and counted; the usage chunk is hidden from clients that did not ask.",
     )
     default_tenant: TenantPolicy = Field(
-        TenantPolicy(), description="Tenants without their own entry."
+        default=TenantPolicy(), description="Tenants without their own entry."
     )
     tenants: dict[Name, TenantPolicy] = Field(default_factory=dict)
     keys: dict[Name, KeyPolicy] = Field(

@@ -185,8 +185,8 @@ class SpendLedger:
         if res is None:
             # Keep everything for the next try (merged with what arrived meanwhile).
             self.flush_failures += 1
-            for k, u in pending.items():
-                self._pending.setdefault(k, Usage()).add(u)
+            for combo_key, u in pending.items():
+                self._pending.setdefault(combo_key, Usage()).add(u)
             for bk, v in budgets.items():
                 self._budget_pending[bk] = self._budget_pending.get(bk, 0) + v
             return False
@@ -229,8 +229,8 @@ class SpendLedger:
 
             redis = self.state.redis
             assert redis is not None
-            for d, raw in zip(days, await read(redis), strict=True):
-                per_day[d] = _decode_day(raw)
+            for d, raw_day in zip(days, await read(redis), strict=True):
+                per_day[d] = _decode_day(raw_day)
         else:
             per_day = {d: self._memory.get(d, {}) for d in days}
         groups: dict[str, Usage] = {}
