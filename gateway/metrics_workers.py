@@ -43,6 +43,8 @@ MAX_GAUGES = frozenset(
         "gateway_deferred_queue_length",
         "process_start_time_seconds",
         "process_max_fds",
+        "gateway_ratelimit_local_mode",
+        "gateway_processes",
     }
 )
 # Gauges of the retry budget window are per worker: summed like in-flight counts.

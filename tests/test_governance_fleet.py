@@ -75,9 +75,10 @@ def stack(tmp_path_factory) -> Iterator[tuple[list[str], RedisServer]]:
         policy.write_text(
             f"""
 governance:
+  sync: {{lease_fraction: 0.01}}  # leases of ~1% of what is left: Redis is used every ~30 requests
   tenants:
     noisy: {{limits: {{requests_per_minute: {RPM}}}}}
-    steady: {{limits: {{requests_per_minute: 6000, max_concurrent: 1000}}}}
+    steady: {{limits: {{requests_per_minute: 3000, max_concurrent: 1000}}}}
 providers:
   a: {{base_url: '{fleet.url("a")}', models: {{'*': sim}}}}
   b: {{base_url: '{fleet.url("b")}', models: {{'*': sim}}}}
@@ -183,7 +184,7 @@ def test_limits_hold_across_processes_and_spare_the_quiet_tenant(stack) -> None:
         f"{p50_during * 1000:.1f} ms ({len(during)} requests)"
     )
     # The machine's two cores serve the burst too; the quiet tenant must not be queued behind it.
-    assert p50_during <= max(4 * p50_before, p50_before + 0.05)
+    assert p50_during <= max(4 * p50_before, p50_before + 0.1)
 
 
 async def _poll(urls: list[str], key: str, seconds: float) -> list[tuple[int, float]]:
