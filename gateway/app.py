@@ -36,6 +36,7 @@ from gateway.recent import RecentRequests
 from gateway.resilience.shared import SharedBreakers
 from gateway.routing.explain import explain_http
 from gateway.runtime import Runtime
+from gateway.shares import Membership, Shares
 from gateway.state import SharedState
 from gateway.telemetry import Tracing
 
@@ -77,13 +78,26 @@ async def _deferred_length(fallbacks: Fallbacks) -> int:
 def create_app(
     policy: Policy, state: SharedState | None = None, policy_path: str | None = None
 ) -> FastAPI:
-    runtime = Runtime(policy)
     state = state if state is not None else SharedState.from_env()
+    # Each process's share of the policy's limits (gateway.shares): learned through Redis.
+    shares = Shares.local() if policy.replicas.share_limits else Shares()
+    runtime = Runtime(policy, shares)
     fallbacks = Fallbacks(
         _rules_path(policy, policy_path), state.url, prefix=state.tagged_key("deferred")
     )
     semantic = SemanticLayer(policy.semantic_cache, state.url, state.prefix)
     pipeline = Pipeline(runtime, state, fallbacks, semantic)
+    pipeline.dispatcher.admission.shares = shares
+
+    def shares_changed() -> None:
+        runtime.apply_shares()
+        pipeline.dispatcher.tune_budget(runtime.snapshot.policy.retry)
+
+    membership = (
+        Membership(state, shares, lambda: runtime.snapshot.policy.replicas, shares_changed)
+        if state.enabled and policy.replicas.share_limits
+        else None
+    )
     shared_breakers = (
         SharedBreakers(
             runtime.breakers, state.url, channel=state.key("breakers"), replica_id=replica_id()
@@ -118,6 +132,8 @@ def create_app(
         if state.enabled:
             log.info("shared state: Redis enabled")
         drain.install()
+        if membership is not None:
+            membership.start()
         reloader.start()
         reachability.start()
         if workers_metrics is not None:
@@ -139,6 +155,8 @@ def create_app(
         await semantic.aclose()
         await reloader.stop()
         await reachability.stop()
+        if membership is not None:
+            await membership.stop()
         await runtime.aclose()
         await state.aclose()
         pipeline.tracing.shutdown()
@@ -151,6 +169,7 @@ def create_app(
     app.state.reloader = reloader
     app.state.views = views
     app.state.drain = drain
+    app.state.membership = membership
     app.include_router(admin_router(views))
     app.include_router(governance_router(governance, runtime))
     app.include_router(dashboard_router())
@@ -234,6 +253,9 @@ def create_app(
         ok, detail = reachability.report()
         if drain.draining:
             return _json({"status": "draining", **detail}, 503)
+        if membership is not None and not membership.settled:
+            # The other processes have not yet shrunk their shares of the limits for this one.
+            return _json({"status": "joining", **detail}, 503)
         return _json({"status": "ready" if ok else "not_ready", **detail}, 200 if ok else 503)
 
     @app.get("/metrics")

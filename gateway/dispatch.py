@@ -32,7 +32,7 @@ from gateway.redact import Redactor, sanitize_message
 from gateway.resilience.admission import Admission
 from gateway.resilience.budget import RetryBudget
 from gateway.resilience.failures import failure_kind
-from gateway.resilience.retry import Retrier
+from gateway.resilience.retry import Retrier, RetrySettings
 from gateway.router import Router
 from gateway.routing.member import SignalKind, latency_signal
 from gateway.runtime import ProviderState, Snapshot
@@ -108,7 +108,16 @@ class Dispatcher:
             self.budget.min_retries_per_s = settings.budget_min_per_s
             self._retriers = {id(snap): Retrier(settings, self.budget)}
             r = self._retriers[id(snap)]
+            self.tune_budget(snap.policy.retry)
         return r
+
+    def tune_budget(self, settings: RetrySettings) -> None:
+        """The policy's budget, its floor shared among the gateway processes (the ratio is a
+        ratio: each process's retries stay within it of its own requests, so the sum does)."""
+        self.budget.ratio = settings.budget_ratio
+        self.budget.min_retries_per_s = settings.budget_min_per_s / max(
+            1, self.admission.shares.count
+        )
 
     def candidates(self, snap: Snapshot, decision: Decision, ctx: Context) -> Candidates:
         return Candidates(self.router, self.admission, snap, decision, ctx)

@@ -25,7 +25,7 @@ class ReplicaSettings(BaseModel):
         ge=0.05,
         le=30,
         description="How often a process announces itself; a process silent for 3 heartbeats "
-        "is gone and its share goes to the others.",
+        "(at least 2 s) is gone and its share goes to the others.",
     )
     drain_s: float = Field(
         30.0,

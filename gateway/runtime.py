@@ -19,6 +19,7 @@ from gateway.redact import Redactor, provider_secrets
 from gateway.resilience.breaker import BreakerRegistry, CircuitBreaker
 from gateway.routing.balancer import Balancer, BalancerSettings, make_balancer
 from gateway.routing.member import Member
+from gateway.shares import Shares
 from gateway.upstream import UpstreamClient
 
 log = logging.getLogger("gateway")
@@ -88,7 +89,9 @@ def _member_settings(policy: Policy, provider: str) -> BalancerSettings:
 class Runtime:
     """Owns the current snapshot and applies new policies."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, shares: Shares | None = None) -> None:
+        # This process's share of each member's max_inflight (gateway.shares); 1 of 1 by default.
+        self.shares = shares if shares is not None else Shares()
         self._providers: dict[str, ProviderState] = {}
         self._retired: list[UpstreamClient] = []
         self.breakers = BreakerRegistry()
@@ -101,7 +104,8 @@ class Runtime:
             old = self._providers.get(name)
             if old is not None:
                 # A member that remains keeps its latency estimate, in-flight count and breaker.
-                old.member.weight, old.member.max_inflight = cfg.weight, cfg.max_inflight
+                old.member.weight = cfg.weight
+                old.member.max_inflight = self.shares.limit(cfg.max_inflight, name)
                 old.breaker.settings = cfg.breaker
                 if old.config != cfg:
                     retired.append(old.client)
@@ -111,6 +115,7 @@ class Runtime:
             else:
                 settings = _member_settings(policy, name)
                 member = settings.make_member(name, cfg.weight, cfg.max_inflight)
+                member.max_inflight = self.shares.limit(cfg.max_inflight, name)  # may be 0
                 breaker = self.breakers.get(name, cfg.breaker)
                 providers[name] = ProviderState(name, cfg, _client(name, cfg), member, breaker)
         for name, old in self._providers.items():
@@ -154,6 +159,11 @@ class Runtime:
             c.retire()
         self._retired = [c for c in self._retired if c.users > 0 or c.open]
         return self.snapshot
+
+    def apply_shares(self) -> None:
+        """The number of gateway processes changed: resize this process's member limits."""
+        for name, p in self.snapshot.providers.items():
+            p.member.max_inflight = self.shares.limit(p.config.max_inflight, name)
 
     def apply_version(self, policy: Policy) -> str:
         return self.apply(policy).version

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.shares import Shares
+
 
 class QueueSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -41,6 +43,7 @@ class Admission:
     def __init__(self) -> None:
         self._cond: asyncio.Condition | None = None
         self.stats: dict[str, QueueStats] = {}
+        self.shares = Shares()  # this process's share of each queue's max_depth
 
     def _condition(self) -> asyncio.Condition:
         if self._cond is None:
@@ -64,7 +67,7 @@ class Admission:
     async def wait(self, pool: str, settings: QueueSettings, deadline: float) -> bool:
         """Wait until notified (True) or the deadline passes / the queue is full (False)."""
         stats = self.stats.setdefault(pool, QueueStats())
-        if settings.max_wait_s <= 0 or stats.depth >= settings.max_depth:
+        if settings.max_wait_s <= 0 or stats.depth >= self.shares.of(settings.max_depth, pool):
             return False
         remaining = deadline - time.monotonic()
         if remaining <= 0:
