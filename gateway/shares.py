@@ -12,9 +12,12 @@ Nothing of this is on the request path: a request compares its member's in-fligh
 integer that the heartbeat task updates (measured cost at one client: BENCHMARKS.md).
 
 Error bound, documented in README "Limits across processes":
-- a process that leaves cleanly removes itself: the others grow their shares within one
-  heartbeat; one killed keeps its entry until it expires (3 heartbeats, at least 2 s): until then its share is
-  unused (under-use, never overshoot);
+- shares grow (fewer processes) only once the smaller count has held for one announcement
+  lifetime (3 heartbeats, at least 2 s), so that the re-announcing after a Redis failover, when
+  every announcement expired at once, never looks like one process alone; a process that
+  leaves cleanly removes itself and the others grow their shares after that lifetime; one killed
+  keeps its entry until it expires, so its share is unused for up to two lifetimes (under-use,
+  never overshoot);
 - a process that joins is not ready (`/ready` 503 "joining") until 1.5 heartbeats after its first
   announcement, so every other process has shrunk its share before traffic arrives; requests the
   others already had in flight above their new share still finish: while members are saturated,
@@ -35,6 +38,7 @@ import os
 import time
 import uuid
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -95,6 +99,9 @@ class Membership:
         self.id = f"{os.uname().nodename}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.key = state.key("procs")
         self.joined_at: float | None = None
+        # Process counts seen (or, while Redis is unreachable, held) in the last announcement
+        # lifetime: the largest one counts, so shares grow only once a smaller count has held.
+        self._seen: deque[tuple[float, int]] = deque([(time.monotonic(), shares.count)])
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -130,17 +137,30 @@ class Membership:
                 return (await p.execute())[2]
 
         members = await self.state.call(announce, None)
+        mono = time.monotonic()
         if members is None:
-            return  # Redis unreachable: keep the last count
+            # Redis unreachable: hold the last count. After the outage every announcement has
+            # expired and the processes re-announce one by one: the first one back must not
+            # take itself for alone (and the whole limit) meanwhile.
+            self._remember(mono, self.shares.count, hb)
+            return
         if self.joined_at is None:
-            self.joined_at = time.monotonic()
+            self.joined_at = mono
         ids = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
-        count = max(1, len(ids))
         rank = ids.index(self.id) if self.id in ids else 0
+        # Fewer processes (a larger share) counts only once it has held for a whole lifetime.
+        count = self._remember(mono, max(1, len(ids)), hb)
         if (count, rank) != (self.shares.count, self.shares.rank):
             log.info("gateway processes: %d (this one is #%d)", count, rank)
             self.shares.count, self.shares.rank = count, rank
             self._on_change()
+
+    def _remember(self, now: float, count: int, hb: float) -> int:
+        """Record `count`; the largest count of the last lifetime."""
+        self._seen.append((now, count))
+        while self._seen and self._seen[0][0] < now - ttl_s(hb):
+            self._seen.popleft()
+        return max(c for _, c in self._seen)
 
     async def _run(self) -> None:
         while True:

@@ -10,7 +10,9 @@ import uuid
 import httpx
 import pytest
 
-from gateway.shares import Shares
+from gateway.replicas import ReplicaSettings
+from gateway.shares import Membership, Shares
+from gateway.state import SharedState
 from tests.support import GatewayServer
 
 
@@ -106,3 +108,26 @@ def test_a_joining_process_is_not_ready_until_the_others_made_room(
         r = httpx.get(f"{gw.url}/ready")
         assert r.status_code == 503 and r.json()["status"] == "joining"
         wait_for(lambda: httpx.get(f"{gw.url}/ready").status_code == 200, "ready", 5)
+
+
+async def test_a_smaller_count_counts_only_once_it_held_for_a_lifetime() -> None:
+    """After a Redis failover every announcement expired: the first process back sees itself
+    alone. It must not take the whole limit: the largest count of the last lifetime counts."""
+    changes: list[int] = []
+    shares = Shares(6, 2)
+    state = SharedState("redis://127.0.0.1:1", retry_after_s=0.0)  # nothing listens there
+    m = Membership(
+        state, shares, lambda: ReplicaSettings(heartbeat_s=0.5), lambda: changes.append(1)
+    )
+    try:
+        await m.beat()  # Redis unreachable: the count holds
+        assert (shares.count, changes) == (6, [])
+        ttl = 2.0
+        m._seen.clear()  # the same rule on a synthetic clock
+        assert m._remember(100.0, 6, 0.5) == 6
+        assert m._remember(101.0, 1, 0.5) == 6  # first back after the outage: still 6
+        assert m._remember(101.5, 4, 0.5) == 6
+        assert m._remember(100.0 + ttl + 1.1, 4, 0.5) == 4  # 6 aged out: the others are gone
+        assert m._remember(103.2, 5, 0.5) == 5  # more processes: at once
+    finally:
+        await state.aclose()
