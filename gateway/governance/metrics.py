@@ -62,8 +62,8 @@ class GovernanceCollector(Collector):
         )
         yield CounterMetricFamily(
             "gateway_ratelimit_redis_leases",
-            "Round trips to Redis for rate-limit leases.",
-            value=gov.limiter.redis_calls,
+            "Round trips to Redis for limit leases (buckets and concurrency slots together).",
+            value=gov.leases.redis_calls,
         )
         yield GaugeMetricFamily(
             "gateway_processes",

@@ -23,6 +23,7 @@ from gateway.errors import model_not_found, unauthorized
 from gateway.governance.answers import duration, over_budget, rate_limited
 from gateway.governance.concurrency import Concurrency, Slots
 from gateway.governance.keys import KEY_PREFIX, KeyRecord, KeyStore
+from gateway.governance.lease import Leases
 from gateway.governance.limits import Bucket, Limiter
 from gateway.governance.procs import Processes
 from gateway.governance.settings import Budget, Governance, Limits
@@ -103,6 +104,7 @@ class GovernanceService:
         self.keys = KeyStore(state)
         self.limiter = Limiter(state, self.procs)
         self.concurrency = Concurrency(state, self.procs)
+        self.leases = Leases(state, self.limiter, self.concurrency)
         self.ledger = SpendLedger(state)
         self.stats = GovStats()
         self._soft_logged: set[str] = set()
@@ -194,22 +196,20 @@ class GovernanceService:
                 ticket.slots.append(self.concurrency.slots(scope, lim.max_concurrent))
         wants = [(b, 1.0) for b in requests]
         wants += [(b, ticket.reserved_tokens) for b in ticket.token_buckets]
-        if wants:
-            wait = await self.limiter.take(wants)
-            headers = self._headers(requests, ticket.token_buckets)
-            ctx.extra_headers = headers = {**(ctx.extra_headers or {}), **headers}
-            if wait is not None:
-                self.stats.refused(p.tenant, p.key_id, "rate_limit")
-                raise rate_limited(
-                    f"Rate limit reached for {p.tenant}: retry in {duration(wait)}.", wait, headers
+        if wants or ticket.slots:
+            refused = await self.leases.take(wants, ticket.slots)
+            if wants:
+                headers = self._headers(requests, ticket.token_buckets)
+                ctx.extra_headers = {**(ctx.extra_headers or {}), **headers}
+            if refused is not None:
+                why, wait = refused
+                self.stats.refused(p.tenant, p.key_id, why)
+                message = (
+                    f"Rate limit reached for {p.tenant}: retry in {duration(wait)}."
+                    if why == "rate_limit"
+                    else f"Too many concurrent requests for {p.tenant}."
                 )
-        if ticket.slots and not await self.concurrency.acquire(ticket.slots):
-            for b, n in wants:
-                self.limiter.give_back(b, n)
-            self.stats.refused(p.tenant, p.key_id, "concurrency")
-            raise rate_limited(
-                f"Too many concurrent requests for {p.tenant}.", 1.0, ctx.extra_headers or {}
-            )
+                raise rate_limited(message, wait, ctx.extra_headers or {})
         if acc.stream and g.stream_usage and acc.endpoint != "embeddings":
             ticket.watch_stream = True
             opts = acc.body.get("stream_options") or {}

@@ -88,9 +88,20 @@ class SpendLedger:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.flush_failures = 0
+        self._periods: tuple[int, dict[str, str], str] = (-1, {}, "")
 
     def budget_key(self, scope: str, period: str, when: float) -> str:
-        return self.state.key("gov", "budget", scope, period_id(period, when))
+        second = int(when)
+        cached = self._periods
+        if cached[0] != second:  # period ids change at most once a second: compute them once
+            day = dt.datetime.fromtimestamp(second, dt.UTC).strftime("%Y-%m-%d")
+            ids = {p: period_id(p, second) for p in ("day", "week", "month")}
+            cached = self._periods = (second, ids, day)
+        return self.state.prefix + "gov:budget:" + scope + ":" + cached[1][period]
+
+    def day(self, when: float) -> str:
+        self.budget_key("", "day", when)  # refreshes the cache
+        return self._periods[2]
 
     # -- hot path ------------------------------------------------------------------------------
 
@@ -113,7 +124,7 @@ class SpendLedger:
         usage: Usage,
         budget_keys: Iterable[str],
     ) -> None:
-        day = dt.datetime.fromtimestamp(when, dt.UTC).strftime("%Y-%m-%d")
+        day = self.day(when)
         combo = _SEP.join((tenant, key, alias, provider))
         if not self.state.enabled:
             self._memory.setdefault(day, {}).setdefault(combo, Usage()).add(usage)
