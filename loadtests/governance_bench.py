@@ -2,18 +2,18 @@
 
     python -m loadtests.governance_bench [--requests 1500] [--redis-url redis://127.0.0.1:6379/0]
 
-Starts two zero-latency simulator instances and three `gateway serve` processes (one worker each,
+Starts two zero-latency simulator instances and four `gateway serve` processes (one worker each,
 all sharing one Redis under unique key prefixes) with loadtests/overhead.yaml plus:
 
-- `off`:  no limits (the baseline);
+- `off`, `off-b`: no limits (the baseline, twice: their difference is the noise floor);
 - `far`:  requests/min, tokens/min and concurrency limits on the caller's tenant, far from the
           limits: leases from Redis cover many requests;
 - `near`: the same limits with a lease fraction of 1e-9, so every request takes its lease from
           Redis (one Lua round trip for the buckets, one for a concurrency slot, and the slot's
           return in the background) — what each request pays when a scope is close to its limit.
 
-One client sends sequential requests, alternating target on every request (off, far, near, off,
-...), so all three see the same machine state. Prints p50/p90/mean per target, the p50 added over
+One client sends sequential requests, alternating target on every request (off, off-b, far, near,
+off, ...), so all four see the same machine state. Prints p50/p90/mean per target, the p50 added over
 `off`, and the Redis lease round trips per request (from /metrics).
 """
 
@@ -41,6 +41,7 @@ LIMITS = (
 )
 VARIANTS = {
     "off": "",
+    "off-b": "",  # a second, identical baseline: the spread between the two is the noise floor
     "far": f"governance:\n  default_tenant: {{limits: {LIMITS}}}\n",
     "near": (
         "governance:\n  sync: {lease_fraction: 0.000000001}\n"

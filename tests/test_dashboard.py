@@ -148,3 +148,50 @@ def _screenshot_path(tmp_path: Path) -> Path:
     folder = Path(os.environ.get("DASHBOARD_SCREENSHOT_DIR", tmp_path))
     folder.mkdir(parents=True, exist_ok=True)
     return folder / "dashboard.png"
+
+
+def test_dashboard_shows_tenant_usage_against_limits(fleet, gateway, page, monkeypatch) -> None:
+    browser = page
+    monkeypatch.setenv("GATEWAY_API_KEYS", "team-a:dash-a,team-b:dash-b")
+    text_policy = policy(fleet).replace(
+        "providers:",
+        "governance:\n"
+        "  tenants:\n"
+        "    team-a:\n"
+        "      limits: {requests_per_minute: 5, max_concurrent: 3}\n"
+        "      budget: {daily_usd: 2}\n"
+        "providers:",
+        1,
+    )
+    gw = gateway(text_policy)
+    with httpx.Client(base_url=gw.base_url) as c:
+        statuses = [
+            c.post(
+                "/chat/completions", json=CHAT, headers={"authorization": "Bearer dash-a"}
+            ).status_code
+            for _ in range(6)
+        ]
+        assert (
+            c.post(
+                "/chat/completions", json=CHAT, headers={"authorization": "Bearer dash-b"}
+            ).status_code
+            == 200
+        )
+    assert statuses == [200] * 5 + [429]
+    browser.get(gw.url + "/dashboard?interval=500")
+    row = "tr[data-tenant='team-a']"
+    wait_for(lambda: text(browser, row))
+    cells = browser.execute_script(
+        "return [...document.querySelectorAll(arguments[0] + ' td')].map(td => td.textContent)",
+        row,
+    )
+    # tenant, requests/min used of the limit, tokens/min (no limit), in flight, budget, counts
+    assert cells[0] == "team-a"
+    assert cells[1].startswith("5 / 5")
+    assert cells[2] == "–"
+    assert cells[3].startswith("0 / 3")
+    assert cells[4].startswith("day: $0.0000 / $2.00")
+    assert cells[5:7] == ["5", "1"]
+    assert "team-b" in text(browser, "#tenants")
+    assert "1 gateway process" in text(browser, "#limits-mode")
+    assert severe_logs(browser) == []
