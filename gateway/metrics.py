@@ -263,14 +263,15 @@ class GatewayCollector(Collector):
         semantic = self.pipeline.semantic
         lookups = CounterMetricFamily(
             "gateway_semantic_lookups",
-            "Semantic cache lookups by outcome; a rejection names the guard that refused the "
-            "most similar candidate.",
+            "Semantic cache lookups by outcome; a rejection names what refused the most similar "
+            "candidate (verifier, or a guard); late: past lookup_budget_ms, sent upstream.",
             labels=["outcome", "guard"],
         )
         lookups.add_metric(["hit", ""], semantic.hits)
         lookups.add_metric(["miss", ""], semantic.misses)
         for guard, n in semantic.rejected.items():
             lookups.add_metric(["rejected", guard], n)
+        lookups.add_metric(["late", ""], semantic.late)
         yield lookups
         stored, refused = semantic.store_stats()
         stores = CounterMetricFamily(

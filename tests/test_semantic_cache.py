@@ -315,3 +315,38 @@ async def test_refused_stores_are_counted_and_refresh_waits() -> None:
         assert all(waited) and cache.stored == done.count(True) + 8
     finally:
         slow.close()
+
+
+async def test_several_workers_share_the_queue_and_memo() -> None:
+    two = AsyncEmbedder([_SlowEmbedder(), _SlowEmbedder()], batch_max=1, queue_max=64)  # type: ignore[list-item]
+    try:
+        texts = [f"question {i}" for i in range(8)]
+        t0 = time.perf_counter()
+        await asyncio.gather(*(two.embed([t]) for t in texts))
+        assert time.perf_counter() - t0 < 8 * 0.01  # two threads sleep in parallel
+        assert two.embedded == 8 and two.memo_hits == 0
+        again = await two.embed([texts[3]])
+        assert two.embedded == 8 and two.memo_hits == 1 and again.shape == (1, 384)
+    finally:
+        two.close()
+
+
+async def test_lookup_budget_sends_a_slow_lookup_upstream_and_keeps_its_vector() -> None:
+    from gateway.cache.semantic_layer import SemanticLayer
+    from gateway.cache.semantic_settings import SemanticRoute
+
+    slow = AsyncEmbedder(_SlowEmbedder(), batch_max=1, queue_max=8)  # type: ignore[arg-type]
+    try:
+        settings = _settings(lookup_budget_ms=1)
+        layer = SemanticLayer(settings, None, "test:")
+        layer.cache = SemanticCache(layer.settings, worker=slow)
+        body = {"model": "m", "messages": [{"role": "user", "content": "How do tides work?"}],
+                "temperature": 0}  # fmt: skip
+        plan = layer.plan("t", "m", body, SemanticRoute(enabled=True))
+        assert plan is not None
+        assert await layer.lookup(plan) is None and layer.late == 1
+        task = layer.store(plan, b"answer")
+        assert task is not None and await task
+        assert slow.embedded == 1  # the store used the late lookup's vector
+    finally:
+        slow.close()

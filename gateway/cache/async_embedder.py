@@ -1,13 +1,18 @@
-"""Runs an embedder on one dedicated thread, batching whatever requests are waiting.
+"""Runs embedders on dedicated threads, batching whatever requests are waiting.
 
-The event loop never runs the model: a request queues a job and awaits a future. The thread takes
-every job waiting (up to `batch_max` texts), embeds their texts in one model call (a batch of 8
-costs far less than 8 single calls) and resolves each future on its own loop. The queue is
+The event loop never runs the model: a request queues a job and awaits a future. A worker thread
+takes every job waiting (up to `batch_max` texts), embeds their texts in one model call and resolves
+each future on its own loop. With several embedders (one per thread, `workers` in the settings) the
+model runs on several cores at once; ONNX Runtime releases the GIL while it computes. The queue is
 bounded: when it is full the caller gets `EmbedderBusy` at once and treats the request as a cache
 miss instead of waiting behind a backlog.
 
-A job may carry a follow-up function run on the same thread with the vectors. The semantic cache
-uses this so its index is only ever touched by this one thread (no locks).
+A job may carry a follow-up function run with the vectors. The semantic cache uses this for every
+index read and write; those follow-ups run under one lock, so the index still has a single writer
+at a time while embeddings proceed in parallel.
+
+Vectors of recently embedded texts are kept (`memo` texts, LRU): a question asked again verbatim in
+another conversation, or looked up then stored, is embedded once.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -51,18 +57,41 @@ def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | No
 
 
 class AsyncEmbedder:
-    """One worker thread owning an `Embedder` (and whatever state `then` functions touch)."""
+    """Worker threads, one per `Embedder`, sharing one queue (and the state `then` touches)."""
 
-    def __init__(self, embedder: Embedder, batch_max: int = 32, queue_max: int = 256) -> None:
-        self.embedder = embedder
-        self.dim = embedder.dim
+    def __init__(
+        self,
+        embedder: Embedder | Sequence[Embedder],
+        batch_max: int = 32,
+        queue_max: int = 256,
+        memo: int = 4096,
+    ) -> None:
+        embedders = [embedder] if not isinstance(embedder, Sequence) else list(embedder)
+        self.embedders = embedders
+        self.embedder = embedders[0]
+        self.dim = self.embedder.dim
         self.batch_max = batch_max
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_max)
-        self._thread = threading.Thread(target=self._run, name="semantic-embedder", daemon=True)
+        self._state = threading.Lock()  # follow-ups (index reads and writes) one at a time
+        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._memo_max = memo
+        self._memo_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(e,), name=f"semantic-embedder-{i}", daemon=True
+            )
+            for i, e in enumerate(embedders)
+        ]
         self._closed = False
         self.batches = 0
         self.embedded = 0
-        self._thread.start()
+        self.memo_hits = 0
+        for t in self._threads:
+            t.start()
+
+    @property
+    def memo_bytes(self) -> int:
+        return len(self._memo) * (4 * self.dim + 200)
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for `texts` ((len, dim) float32, unit rows)."""
@@ -101,12 +130,14 @@ class AsyncEmbedder:
         return await self.submit([], lambda _vectors: fn())
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread after the jobs already queued."""
+        """Stop the threads after the jobs already queued."""
         if self._closed:
             return
         self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout)
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
@@ -125,24 +156,48 @@ class AsyncEmbedder:
             count += len(job.texts)
         return batch, stop
 
-    def _run(self) -> None:
+    def _run(self, embedder: Embedder) -> None:
         stop = False
         while not stop:
             first = self._queue.get()
             if first is None:
                 break
             batch, stop = self._take_batch(first)
-            self._process(batch)
+            self._process(batch, embedder)
 
-    def _process(self, batch: list[_Job]) -> None:
+    def _embed(self, texts: list[str], embedder: Embedder) -> np.ndarray:
+        """Vectors of `texts`, from the memo where possible."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        todo: list[int] = []
+        with self._memo_lock:
+            for i, text in enumerate(texts):
+                vec = self._memo.get(text)
+                if vec is None:
+                    todo.append(i)
+                else:
+                    self._memo.move_to_end(text)
+                    out[i] = vec
+        self.memo_hits += len(texts) - len(todo)
+        if todo:
+            fresh = embedder.embed([texts[i] for i in todo])
+            self.batches += 1
+            self.embedded += len(todo)
+            with self._memo_lock:
+                for row, i in enumerate(todo):
+                    out[i] = fresh[row]
+                    if self._memo_max:
+                        self._memo[texts[i]] = fresh[row].copy()
+                while len(self._memo) > self._memo_max:
+                    self._memo.popitem(last=False)
+        return out
+
+    def _process(self, batch: list[_Job], embedder: Embedder) -> None:
         texts = [t for job in batch for t in job.texts]
         vectors: np.ndarray | None = None
         embed_error: BaseException | None = None
         if texts:
             try:
-                vectors = self.embedder.embed(texts)
-                self.batches += 1
-                self.embedded += len(texts)
+                vectors = self._embed(texts, embedder)
             except Exception as exc:  # resolve every waiting future, never kill the thread
                 log.exception("embedding failed")
                 embed_error = exc
@@ -160,7 +215,11 @@ class AsyncEmbedder:
                 offset += len(job.texts)
             if error is None:
                 try:
-                    result = job.then(rows) if job.then is not None else rows
+                    if job.then is not None:
+                        with self._state:
+                            result = job.then(rows)
+                    else:
+                        result = rows
                 except Exception as exc:
                     log.exception("semantic cache job failed")
                     error = exc

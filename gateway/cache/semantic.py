@@ -39,6 +39,7 @@ from gateway.cache.verifier import Verifier, default_verifier
 log = logging.getLogger(__name__)
 
 Outcome = Literal["hit", "miss", "rejected", "skipped"]
+_MEMO_ENTRY_BYTES = 4 * 384 + 200  # a memoised vector, its key reference and LRU slot
 
 
 def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
@@ -135,8 +136,18 @@ class SemanticCache:
         self.settings = settings or SemanticSettings()
         s = self.settings
         self._own_worker = worker is None
-        self.worker = worker or AsyncEmbedder(make_embedder(s.embedder), s.batch_max, s.queue_max)
-        self.index = SemanticIndex(self.worker.dim, s.max_entries, s.max_bytes)
+        # The vector memo counts against max_bytes too; it is dropped when it would take over a
+        # quarter of a small bound.
+        memo = s.vector_memo if s.vector_memo * _MEMO_ENTRY_BYTES <= s.max_bytes // 4 else 0
+        self.worker = worker or AsyncEmbedder(
+            [make_embedder(s.embedder) for _ in range(s.workers)],
+            s.batch_max,
+            s.queue_max,
+            memo,
+        )
+        self.index = SemanticIndex(
+            self.worker.dim, s.max_entries, s.max_bytes - memo * _MEMO_ENTRY_BYTES
+        )
         self.verifier: Verifier | None = default_verifier() if s.matcher == "verifier" else None
         self._verifier_threshold = (
             s.verifier_threshold

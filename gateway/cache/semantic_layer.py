@@ -8,6 +8,7 @@ enables it, so the core gateway never loads the model. Lookups never raise; any 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,8 @@ class SemanticPlan:
     ttl_s: float | None
     vector: Any = None
     refresh: bool = False
+    pending: Any = None
+    """The lookup still running after the budget ran out (its vector serves the store)."""
     """Cache-Control: no-cache: the answer replaces the entry, its store applies back-pressure."""
 
 
@@ -45,6 +48,8 @@ class SemanticLayer:
         self.misses = 0
         self.rejected: dict[str, int] = {}
         self._stores: set[asyncio.Task[bool]] = set()
+        self.late = 0
+        """Lookups that outlasted `lookup_budget_ms` (the request went upstream meanwhile)."""
 
     @property
     def ready(self) -> bool:
@@ -113,7 +118,16 @@ class SemanticLayer:
 
     async def lookup(self, plan: SemanticPlan) -> tuple[bytes, float] | None:
         assert self.cache is not None
-        found = await self.cache.lookup(plan.namespace, plan.text, plan.threshold)
+        budget = self.settings.lookup_budget_ms / 1000
+        task = asyncio.ensure_future(self.cache.lookup(plan.namespace, plan.text, plan.threshold))
+        if budget > 0:
+            done, _ = await asyncio.wait({task}, timeout=budget)
+            if not done:
+                # Too slow: go upstream now; the store will reuse this lookup's vector.
+                self.late += 1
+                plan.pending = task
+                return None
+        found = await task
         plan.vector = found.vector
         if found.outcome == "hit" and found.hit is not None:
             self.hits += 1
@@ -135,14 +149,19 @@ class SemanticLayer:
         if self.cache is None:
             return None
         wait_s = self.settings.refresh_wait_s if plan.refresh else 0.0
-        task = asyncio.get_running_loop().create_task(
-            self.cache.store(
-                plan.namespace, plan.text, body, plan.ttl_s, vector=plan.vector, wait_s=wait_s
-            )
-        )
+        task = asyncio.get_running_loop().create_task(self._store(plan, body, wait_s))
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)
         return task
+
+    async def _store(self, plan: SemanticPlan, body: bytes, wait_s: float) -> bool:
+        assert self.cache is not None
+        if plan.pending is not None:  # a late lookup: its vector is on the way
+            with contextlib.suppress(Exception):
+                plan.vector = (await plan.pending).vector
+        return await self.cache.store(
+            plan.namespace, plan.text, body, plan.ttl_s, vector=plan.vector, wait_s=wait_s
+        )
 
     def store_stats(self) -> tuple[int, dict[str, int]]:
         """Stores done and stores refused by reason (for metrics)."""

@@ -56,8 +56,17 @@ class SemanticSettings(BaseModel):
     """Used by the "guards" matcher only: with the verifier they are among its features, and a
     veto on top of it lowered hits more than false hits on every set measured."""
     embedder: Literal["auto", "torch", "onnx"] = "auto"
-    batch_max: int = Field(default=32, ge=1)
+    workers: int = Field(default=1, ge=1, le=16)
+    """Embedding threads, each with its own model session (see BENCHMARKS.md for the choice)."""
+    batch_max: int = Field(default=8, ge=1)
     """Most queued texts embedded together in one model call."""
+    vector_memo: int = Field(default=4096, ge=0)
+    """Vectors of this many recent texts kept (~1.7 KB each) so a question asked again verbatim,
+    in any conversation, is not embedded again."""
+    lookup_budget_ms: float = Field(default=0.0, ge=0)
+    """When > 0, a request waits at most this long for its lookup; past it the request goes
+    upstream (counted as a "late" lookup) and the lookup's vector is still used for the store.
+    Bounds what a miss costs when the embedder is backed up. 0: always wait."""
     queue_max: int = Field(default=256, ge=1)
     """Jobs waiting for the embedding thread; beyond this a lookup is a miss ("busy")."""
     refresh_wait_s: float = Field(default=10.0, ge=0, le=60)

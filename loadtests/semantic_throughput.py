@@ -1,0 +1,197 @@
+"""Semantic cache throughput and latency through the gateway, per embedding configuration.
+
+Starts the zero-latency simulator and, for each configuration (embedding `workers` x `batch_max`,
+optionally the vector memo on and a lookup budget),
+a `gateway serve` process with two aliases in front of it: `sem` (semantic cache on, exact cache
+off, vector memo off so every request really embeds its question) and `plain` (no cache). Then:
+
+- hits: the questions (~15 or ~30 tokens) are stored once, then `--clients` concurrent clients
+  ask them again for `--seconds` (each request embeds, searches and verifies): hits/s, p50, p99;
+- one client: sequential hits (p50), and sequential new questions to `sem` and to `plain`
+  interleaved, so "what a miss adds" is the difference of two medians taken side by side.
+
+All configurations run at once and are measured in rotating turns (`--rounds`), so the load of
+the shared machine falls on each alike; the figures are medians over rounds.
+
+    python -m loadtests.semantic_throughput [--configs 1x1,1x8,2x1,2x8] [--rounds 3]
+
+Only 127.0.0.1; stops by itself. The clients run on the same machine as the gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from loadtests.simulator.testing import spawn_fleet
+from tests.support import gateway_process
+
+POLICY = """
+providers:
+  zero: {{base_url: '{url}', max_inflight: 4096}}
+pools:
+  main: {{members: [zero]}}
+semantic_cache: {{workers: {workers}, batch_max: {batch}, vector_memo: {memo}, queue_max: 1024,
+                 lookup_budget_ms: {budget}}}
+models:
+  sem: {{pool: main, cache: {{exact: {{enabled: false}}, semantic: {{enabled: true}}}}}}
+  plain: {{pool: main, cache: {{exact: {{enabled: false}}}}}}
+"""
+VERBS = ["reset", "back up", "recover", "update", "sync", "move", "share", "encrypt"]
+THINGS = ["photos", "password", "contacts", "calendar", "notes", "messages", "music", "files"]
+PLACES = ["iPhone", "Android phone", "Windows laptop", "Mac", "iPad", "Chromebook"]
+LONG_TAIL = (
+    " I tried the settings menu and the official help pages but nothing worked, and I do not"
+    " want to lose anything"
+)
+
+
+def questions(n: int, long: bool) -> list[str]:
+    out = []
+    for i in range(n):
+        q = (
+            f"How do I {VERBS[i % len(VERBS)]} my {THINGS[(i // 8) % len(THINGS)]} on my "
+            f"{PLACES[(i // 64) % len(PLACES)]} safely?"
+        )
+        out.append(q[:-1] + "?" + LONG_TAIL + "?" if long else q)
+    return out
+
+
+def body(model: str, text: str) -> bytes:
+    msg = [{"role": "user", "content": text}]
+    return orjson.dumps({"model": model, "messages": msg, "temperature": 0, "max_tokens": 8})
+
+
+async def post(session: aiohttp.ClientSession, url: str, data: bytes) -> tuple[float, str]:
+    t = time.perf_counter()
+    async with session.post(url, data=data, headers={"content-type": "application/json"}) as r:
+        await r.read()
+        assert r.status == 200, r.status
+        return time.perf_counter() - t, r.headers.get("x-gateway-cache", "")
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))] * 1000 if s else float("nan")
+
+
+async def warm(gw: str, texts: list[str]) -> None:
+    async with aiohttp.ClientSession() as s:
+        for t in texts:  # store every question
+            await post(s, gw + "/chat/completions", body("sem", t))
+
+
+async def burst(gw: str, texts: list[str], clients: int, seconds: float) -> dict[str, float]:
+    """One client's hits and misses (semantic on / off, interleaved), then `clients` at once."""
+    url = gw + "/chat/completions"
+    conn = aiohttp.TCPConnector(limit=clients + 2)
+    async with aiohttp.ClientSession(connector=conn) as s:
+        one_hit, miss_sem, miss_plain = [], [], []
+        for i in range(20):
+            one_hit.append((await post(s, url, body("sem", texts[i * 5 % len(texts)])))[0])
+            q = f"Unrelated question {uuid.uuid4().hex[:8]} about topic {i}?"
+            miss_sem.append((await post(s, url, body("sem", q)))[0])
+            miss_plain.append((await post(s, url, body("plain", q + " plain")))[0])
+        lat: list[float] = []
+        kinds: dict[str, int] = {}
+        stop = time.perf_counter() + seconds
+
+        async def client(k: int) -> None:
+            i = k
+            while time.perf_counter() < stop:
+                d, kind = await post(s, url, body("sem", texts[i % len(texts)]))
+                lat.append(d)
+                kinds[kind] = kinds.get(kind, 0) + 1
+                i += clients
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(k) for k in range(clients)))
+        elapsed = time.perf_counter() - t0
+    hits = kinds.get("hit-semantic", 0)
+    return {
+        "hits_per_s": hits / elapsed,
+        "served_share": hits / max(1, len(lat)),
+        "p50_ms": pct(lat, 0.5),
+        "p99_ms": pct(lat, 0.99),
+        "one_hit_p50_ms": statistics.median(one_hit) * 1000,
+        "miss_sem_p50_ms": statistics.median(miss_sem) * 1000,
+        "miss_plain_p50_ms": statistics.median(miss_plain) * 1000,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--configs",
+        default="1x1,1x8,2x1,2x8",
+        help="WORKERSxBATCH, optional m (vector memo on) and bMS (lookup budget), e.g. 1x8mb5",
+    )
+    ap.add_argument("--lengths", default="short,long")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=2.0, help="per burst")
+    ap.add_argument("--rounds", type=int, default=3, help="bursts per configuration, interleaved")
+    ap.add_argument("--questions", type=int, default=128)
+    args = ap.parse_args()
+    configs = args.configs.split(",")
+    lengths = args.lengths.split(",")
+    texts = {length: questions(args.questions, length == "long") for length in lengths}
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {}
+    with spawn_fleet([{"name": "zero", "profile": "zero-latency"}]) as fleet, ExitStack() as stack:
+        folder = Path(tempfile.mkdtemp(prefix="sem-throughput-"))
+        gateways = {}
+        for config in configs:  # all running at once, measured in turn: the same machine noise
+            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?", config)
+            assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS]"
+            policy = folder / f"policy-{config}.yaml"
+            policy.write_text(
+                POLICY.format(
+                    url=fleet.url("zero"),
+                    workers=m[1],
+                    batch=m[2],
+                    memo=4096 if m[3] else 0,
+                    budget=m[4] or 0,
+                )
+            )
+            env = {"GATEWAY_ACCESS_LOG": "0"}
+            gateways[config] = stack.enter_context(gateway_process(policy, env=env))
+        for gw in gateways.values():
+            for length in lengths:
+                asyncio.run(warm(gw, texts[length]))
+        for r in range(args.rounds):
+            order = configs[r % len(configs) :] + configs[: r % len(configs)]  # rotate
+            for config in order:
+                for length in lengths:
+                    res = asyncio.run(
+                        burst(gateways[config], texts[length], args.clients, args.seconds)
+                    )
+                    runs.setdefault((config, length), []).append(res)
+                    print(r, config, length, {k: round(v, 1) for k, v in res.items()}, flush=True)
+    rows = [
+        (config, length, {k: statistics.median(x[k] for x in runs[config, length])
+                          for k in runs[config, length][0]})
+        for config in configs
+        for length in lengths
+    ]  # fmt: skip
+    print("\n| workers x batch | questions | hits/s (16 clients) | p50 / p99 ms | one-client hit "
+          "p50 ms | miss p50: semantic on / off ms | served |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for config, length, r in rows:
+        print(
+            f"| {config} | {length} | {r['hits_per_s']:.0f} | {r['p50_ms']:.1f} / "
+            f"{r['p99_ms']:.1f} | {r['one_hit_p50_ms']:.1f} | {r['miss_sem_p50_ms']:.1f} / "
+            f"{r['miss_plain_p50_ms']:.1f} | {r['served_share']:.0%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
