@@ -169,3 +169,25 @@ def test_refresh_replaces_the_entry_and_stores_are_counted(gw: GatewayServer) ->
     assert float(hit.headers["x-gateway-cache-similarity"]) > 0.999  # the refreshed entry
     size = _metric(gw, 'gateway_semantic_cache_size{what="bytes"}')
     assert 0 < size <= _metric(gw, 'gateway_semantic_cache_size{what="max_bytes"}')
+
+
+def test_refresh_burst_waits_instead_of_dropping_and_refusals_are_counted(fleet: Any) -> None:
+    """A tiny embedding queue: a burst of plain misses loses stores (counted), a burst of
+    refreshes does not (each response waits for its store)."""
+    import concurrent.futures
+
+    tight = policy(fleet) + "semantic_cache: {queue_max: 2, batch_max: 1, vector_memo: 0}\n"
+    with GatewayServer(tight) as small:
+
+        def burst(cache_control: str | None) -> None:
+            texts = [f"Burst question {uuid.uuid4().hex[:6]} number {i}?" for i in range(48)]
+            with concurrent.futures.ThreadPoolExecutor(24) as pool:
+                list(pool.map(lambda t: ask(small, t, cache_control=cache_control), texts))
+
+        burst(None)
+        refused = _metric(small, 'gateway_semantic_stores_total{outcome="refused"')
+        assert refused > 0  # lookups and stores competed for 2 queue slots: counted, not silent
+        stored = _metric(small, 'gateway_semantic_stores_total{outcome="stored"')
+        burst("no-cache")
+        assert _metric(small, 'gateway_semantic_stores_total{outcome="stored"') == stored + 48
+        assert _metric(small, 'gateway_semantic_stores_total{outcome="refused"') == refused
