@@ -96,6 +96,21 @@ _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _NON_DATA_FIELDS = frozenset({b"", b"event", b"id", b"retry"})
 
 
+# Where a chunk's text starts: `"content": "` (chat) or `"text": "` (completions).
+_TEXT_START = re.compile(rb'"(?:content|text)"\s*:\s*"')
+
+
+def _utf8_length(lead: int) -> int:
+    """Bytes of the UTF-8 sequence a lead byte starts (0 for a byte that cannot start one)."""
+    if 0xC2 <= lead <= 0xDF:
+        return 2
+    if 0xE0 <= lead <= 0xEF:
+        return 3
+    if 0xF0 <= lead <= 0xF4:
+        return 4
+    return 0
+
+
 def is_event_stream(content_type: str | None) -> bool:
     if not content_type:
         return False
@@ -133,7 +148,7 @@ def first_event_complete(buf: bytes) -> bool:
 class StreamCheck:
     """Per upstream stream: size bound, end marker, error events, UTF-8 and secret redaction."""
 
-    __slots__ = ("done", "_last", "_limit", "_prev", "_redact", "_size")
+    __slots__ = ("done", "_carry", "_last", "_limit", "_prev", "_redact", "_size")
 
     def __init__(self, limits: ResponseLimits, redact: Any = None) -> None:
         self._limit = limits.max_stream_bytes
@@ -143,6 +158,7 @@ class StreamCheck:
         # The last two events: a stream without `[DONE]` is complete when one of them finished
         # the answer (the finish chunk may be followed by a usage chunk). Looked at once, at the end.
         self._prev = self._last = b""
+        self._carry = b""  # the start of a character cut at the end of the previous event
 
     def count(self, n: int) -> None:
         """Count raw bytes received; raises InvalidAnswer past the stream limit."""
@@ -157,17 +173,42 @@ class StreamCheck:
             return ev
         if b'"error"' in ev and _ERROR_EVENT.search(ev):
             raise InvalidAnswer("the provider sent an error event")
-        if not ev.isascii():
-            try:
-                ev.decode()
-            except UnicodeDecodeError:
-                # A provider that cut a character between two events: never relay invalid
-                # UTF-8 (clients' JSON parsers reject it); the broken bytes become U+FFFD.
-                ev = ev.decode(errors="replace").encode()
+        if self._carry or not ev.isascii():
+            ev = self._utf8(ev)
         redact = self._redact
         if redact is not None:
             ev = redact.bytes(ev)
         self._prev, self._last = self._last, ev
+        return ev
+
+    def _utf8(self, ev: bytes) -> bytes:
+        """The event as valid UTF-8 (slow path: only events that are not ASCII).
+
+        Some servers emit byte-level tokens and cut a multi-byte character between two events
+        (`"ok \xe2\x82"` then `"\xac end"`). The cut start is moved to the next event's text,
+        so the character arrives whole; anything else invalid becomes U+FFFD (clients' JSON
+        parsers reject invalid UTF-8).
+        """
+        carry, self._carry = self._carry, b""
+        if carry:
+            m = _TEXT_START.search(ev)
+            if m is not None and m.end() < len(ev) and 0x80 <= ev[m.end()] < 0xC0:
+                ev = ev[: m.end()] + carry + ev[m.end() :]
+        try:
+            ev.decode()
+            return ev
+        except UnicodeDecodeError as e:
+            start = e.start
+        quote = ev.find(b'"', start)
+        need = _utf8_length(ev[start])
+        cut = ev[start:quote]
+        if quote > start and need > len(cut) and all(0x80 <= b < 0xC0 for b in cut[1:]):
+            self._carry = cut
+            ev = ev[:start] + ev[quote:]
+        try:
+            ev.decode()
+        except UnicodeDecodeError:
+            ev = ev.decode(errors="replace").encode()
         return ev
 
     @property

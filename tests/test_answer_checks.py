@@ -63,8 +63,14 @@ def test_stream_check_end_errors_utf8_and_size() -> None:
     with pytest.raises(InvalidAnswer):
         check.event(b'data: {"error": {"message": "boom"}}\n\n')
     assert check.event(b'data: {"error": null, "x": 1}\n\n')  # a null error is no error
-    fixed = check.event(b'data: {"c":"ok ' + "€".encode()[:2] + b'"}\n\n')
-    fixed.decode()  # valid UTF-8 again
+    fixed = check.event(b'data: {"c":"ok \xff ' + "€".encode()[:2] + b'"}\n\n')
+    assert fixed.decode() == 'data: {"c":"ok \ufffd \ufffd"}\n\n'  # valid UTF-8 again
+    # A character cut between two events' texts arrives whole.
+    euro = "€".encode()
+    first = check.event(b'data: {"delta":{"content":"a ' + euro[:1] + b'"}}\n\n')
+    second = check.event(b'data: {"delta":{"content":"' + euro[1:] + b' b"}}\n\n')
+    assert first.decode() == 'data: {"delta":{"content":"a "}}\n\n'
+    assert second.decode() == 'data: {"delta":{"content":"€ b"}}\n\n'
     with pytest.raises(InvalidAnswer):
         check.count(4096)
     redacting = StreamCheck(ResponseLimits(), Redactor(["sk-secret-12345678"]))
