@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from tests.hostile import LEAKY_HEADERS, HostileUpstream
-from tests.support import GatewayServer, validate, validate_sse
+from tests.support import GatewayServer, gateway_process, validate, validate_sse
 
 KEY = "sk-hostile-provider-key-0123456789abcdef"
 MSG = [{"role": "user", "content": "hi"}]
@@ -229,6 +229,29 @@ models:
     assert providers["a"]["headers"] == {"x-api-key": "[redacted]", "x-org": "[redacted]"}
     assert providers["a"]["api_key_env"] == "HOSTILE_KEY"  # names are fine, values are not
     assert "127.0.0.1" in providers["a"]["base_url"]
+
+
+def test_served_policy_view_masks_every_interpolated_value(
+    hostile: HostileUpstream, tmp_path
+) -> None:
+    """`gateway serve --policy FILE`: any `${VAR}` the file interpolates is masked, wherever."""
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        f"""
+providers:
+  a: {{base_url: 'http://127.0.0.1:{hostile.port}/ok/v1', api_key_env: HOSTILE_KEY}}
+pools:
+  p: {{members: [a]}}
+models:
+  m: {{pool: p, owned_by: '${{OWNER_NOTE}}'}}
+"""
+    )
+    env = {"HOSTILE_KEY": KEY, "OWNER_NOTE": "interpolated-value-xyz"}
+    with gateway_process(path, env=env) as base:
+        r = httpx.get(base.removesuffix("/v1") + "/admin/policy", params={"full": "true"})
+    assert r.status_code == 200
+    assert "interpolated-value-xyz" not in r.text and KEY not in r.text
+    assert r.json()["policy"]["models"]["m"]["owned_by"] == "[redacted]"
 
 
 # -- 2. A provider auth failure is the member's fault --------------------------------------------
