@@ -37,6 +37,15 @@ _STATIC_FILES = {
 }
 
 
+def is_admin(request: Request) -> bool:
+    """The admin key when one is set, else a loopback client (the same rule as require_admin)."""
+    try:
+        require_admin(request)
+    except GatewayError:
+        return False
+    return True
+
+
 def require_admin(request: Request) -> None:
     key = os.environ.get("GATEWAY_ADMIN_KEY")
     if key:

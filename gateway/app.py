@@ -19,7 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import errors, metrics
-from gateway.admin import AdminViews, admin_router, dashboard_router, require_admin
+from gateway.admin import (
+    AdminViews,
+    admin_router,
+    dashboard_router,
+    is_admin,
+    require_admin,
+)
 from gateway.cache.semantic_layer import SemanticLayer
 from gateway.drain import Drain
 from gateway.errors import GatewayError
@@ -27,6 +33,7 @@ from gateway.fallback import Fallbacks
 from gateway.governance.admin_api import governance_router
 from gateway.governance.metrics import GovernanceCollector
 from gateway.health import Reachability
+from gateway.http_protocol import configure_connections
 from gateway.logs import AccessLog
 from gateway.metrics_workers import WorkerMetrics
 from gateway.pipeline import Pipeline
@@ -105,7 +112,14 @@ def create_app(
         if state.url
         else None
     )
-    reloader = PolicyReloader(policy_path, runtime.apply_version, state, replica_id())
+    configure_connections(policy.server)
+
+    def apply(new: Policy) -> str:
+        version = runtime.apply_version(new)
+        configure_connections(new.server)
+        return version
+
+    reloader = PolicyReloader(policy_path, apply, state, replica_id())
     # 7. Record: traces, metrics, the dashboard's last minute, the access log.
     tracing = Tracing.from_env()
     tracing.install(pipeline)
@@ -164,6 +178,8 @@ def create_app(
     app = FastAPI(
         title="LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
+    # A trailing-slash redirect would build its Location from the client's Host header.
+    app.router.redirect_slashes = False
     app.state.runtime = runtime
     app.state.pipeline = pipeline
     app.state.reloader = reloader
@@ -246,20 +262,32 @@ def create_app(
     async def health() -> Response:
         return _json({"status": "ok"})
 
+    def operator(request: Request) -> bool:
+        """May this caller see per-provider and per-tenant detail (metrics, detailed /ready)?"""
+        return runtime.snapshot.policy.metrics.public or is_admin(request)
+
     @app.get("/ready")
-    async def ready() -> Response:
+    async def ready(request: Request) -> Response:
         """Policy loaded and a provider reachable (cached probes and breakers: no network);
-        never while draining."""
+        never while draining. The provider list only for the admin key, loopback or
+        `metrics.public`."""
         ok, detail = reachability.report()
         if drain.draining:
-            return _json({"status": "draining", **detail}, 503)
-        if membership is not None and not membership.settled:
+            status = "draining"
+        elif membership is not None and not membership.settled:
             # The other processes have not yet shrunk their shares of the limits for this one.
-            return _json({"status": "joining", **detail}, 503)
-        return _json({"status": "ready" if ok else "not_ready", **detail}, 200 if ok else 503)
+            status = "joining"
+        else:
+            status = "ready" if ok else "not_ready"
+        body: dict[str, object] = {"status": status}
+        if operator(request):
+            body.update(detail)
+        return _json(body, 200 if status == "ready" else 503)
 
     @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
+    async def prometheus_metrics(request: Request) -> Response:
+        if not operator(request):
+            require_admin(request)  # raises the admin API's 401/403
         collector.deferred_length = await _deferred_length(fallbacks)
         if workers_metrics is not None:
             return Response(workers_metrics.render(), media_type=metrics.CONTENT_TYPE)
@@ -274,15 +302,13 @@ def create_app(
         tenant = principal.tenant
         doc = await fallbacks.result(request_id, tenant)
         if doc is None:
-            raise errors.not_found(
-                f"No deferred request with id '{request_id}'.", code="deferred_not_found"
-            )
+            raise errors.not_found("No deferred request with this id.", code="deferred_not_found")
         return _json(doc)
 
     @app.post("/admin/reload")
     async def admin_reload(request: Request) -> Response:
         require_admin(request)
-        version = reloader.reload()
+        version = await reloader.reload()
         if version is None:
             return _json(
                 {

@@ -11,7 +11,13 @@ from typing import Annotated, Any
 import typer
 
 from gateway.governance.cli import keys_app
-from gateway.policy.loader import PolicyError, load_policy
+from gateway.policy.loader import (
+    PolicyError,
+    PolicyReport,
+    check_policy,
+    load_policy,
+    read_policy_text,
+)
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="An OpenAI-compatible LLM routing gateway."
@@ -88,11 +94,13 @@ def serve(
         log.warning(
             "No policy given: serving the built-in demo over SIMULATED providers (%s).", policy
         )
-    try:
-        loaded = load_policy(policy)
-    except PolicyError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+    report = _check(policy)
+    for w in report.warnings:
+        log.warning("policy %s: %s", policy, w)
+    if report.errors or report.policy is None:
+        typer.echo(f"invalid policy {policy}:\n  " + "\n  ".join(report.errors), err=True)
+        raise typer.Exit(2)
+    loaded = report.policy
     os.environ["GATEWAY_POLICY"] = str(policy)
     os.environ["GATEWAY_WORKERS"] = str(workers)  # each worker's share of the limits
     metrics_tmp = _metrics_dir(workers)
@@ -161,16 +169,38 @@ def _installed(choice: str, module: str) -> str:
     return choice if importlib.util.find_spec(module) is not None else "auto"
 
 
+def _check(file: Path) -> PolicyReport:
+    """The policy file's report, plus the gateway keys of the environment (GATEWAY_API_KEYS)."""
+    from gateway.auth import KeyConfigError, KeyRing
+
+    try:
+        report = check_policy(read_policy_text(file), str(file))
+    except PolicyError as e:
+        return PolicyReport(str(file), None, e.problems)
+    if report.policy is not None:
+        try:
+            KeyRing(report.policy.auth)
+        except KeyConfigError as e:
+            report.errors.append(str(e))
+            report.policy = None
+    return report
+
+
 @policy_app.command("check")
 def policy_check(file: Annotated[Path, typer.Argument(help="Policy YAML file.")]) -> None:
-    """Validate a policy file; print every problem with its field path."""
-    try:
-        p = load_policy(file)
-    except PolicyError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(1) from None
+    """Validate a policy file: every error and warning with its field path and line; exit 1 on
+    any error."""
+    report = _check(file)
+    for w in report.warnings:
+        typer.echo(f"{file}: warning: {w}", err=True)
+    for e in report.errors:
+        typer.echo(f"{file}: error: {e}", err=True)
+    p = report.policy
+    if p is None:
+        raise typer.Exit(1)
     typer.echo(
-        f"{file}: ok ({len(p.providers)} providers, {len(p.pools)} pools, {len(p.models)} models)"
+        f"{file}: ok ({len(p.providers)} providers, {len(p.pools)} pools, {len(p.models)} models"
+        f"{f', {len(report.warnings)} warnings' if report.warnings else ''})"
     )
 
 

@@ -33,6 +33,8 @@ class Context:
     resumed: bool = False
     failures: list[str] = field(default_factory=list)
     output_chunks: int = 0  # SSE events relayed to the client (streams)
+    replay: bool = False  # a deferred request replayed by the gateway itself
+    deferred_id: str | None = None  # set when a degradation rule queued this request
     # Kept by reference for the record step (usage, optional body logging); never copied.
     request_body: bytes | None = None
     response_body: bytes | None = None

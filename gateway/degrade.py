@@ -38,6 +38,8 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.policy.source import YamlLimitError, load_yaml
+
 log = logging.getLogger(__name__)
 
 PLACEHOLDERS = frozenset({"alias", "model", "request_id", "retry_after_s", "tenant", "class"})
@@ -202,9 +204,12 @@ def _field_path(loc: Iterable[Any]) -> str:
 def load_file(path: Path) -> RuleFile:
     """Parse and validate one YAML file; :class:`RuleFileError` names file and field."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        # Bounded size and alias expansion, like policy files (a YAML bomb is refused).
+        raw, _ = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise RuleFileError(str(path), "", f"cannot read: {exc}") from None
+    except YamlLimitError as exc:
+        raise RuleFileError(str(path), "", f"refused: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
@@ -384,9 +389,24 @@ class RuleStore:
         try:
             rules = load_rules(self.path)
         except RuleFileError as exc:
-            self.last_error = exc
-            log.error("fallback rules not reloaded, keeping version %d: %s", self.version, exc)
-            return False
+            return self._refused(exc)
+        return self._apply(rules)
+
+    async def reload_async(self) -> bool:
+        """`reload`, with the files read and parsed in a worker thread (off the event loop)."""
+        self._seen = self._fingerprint()
+        try:
+            rules = await asyncio.to_thread(load_rules, self.path)
+        except RuleFileError as exc:
+            return self._refused(exc)
+        return self._apply(rules)
+
+    def _refused(self, exc: RuleFileError) -> bool:
+        self.last_error = exc
+        log.error("fallback rules not reloaded, keeping version %d: %s", self.version, exc)
+        return False
+
+    def _apply(self, rules: RuleSet) -> bool:
         self.rules, self.last_error = rules, None
         self.version += 1
         log.info(
@@ -443,6 +463,6 @@ class RuleStore:
                 step=50,
                 force_polling=self._polling,
             ):
-                self.reload()
+                await self.reload_async()
         finally:
             catch_up.cancel()

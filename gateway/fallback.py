@@ -9,6 +9,7 @@ fetches the replayed answer by request id.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from gateway.redis_client import make_redis
 from gateway.replay import (
     MemoryReplayQueue,
     QueueFull,
+    ReplayEntry,
     ReplayQueue,
     ReplaySettings,
     ReplayWorker,
@@ -30,7 +32,7 @@ from gateway.replay import (
 )
 
 log = logging.getLogger("gateway.fallback")
-SendFn = Callable[[bytes], Awaitable[tuple[int, bytes]]]
+SendFn = Callable[[ReplayEntry], Awaitable[tuple[int, bytes]]]
 
 
 class Fallbacks:
@@ -76,9 +78,13 @@ class Fallbacks:
         text = last_user_text(acc.body.get("messages"))
         rule = self.rules.match(ctx.alias, ctx.request_class, ctx.tenant, text)
         retry_after = err.headers.get("retry-after")
+        if getattr(rule, "queue", False):
+            # The id the client fetches the answer with: generated here, unguessable, and bound
+            # to the tenant (never the client's own x-request-id, which another tenant could pick).
+            ctx.deferred_id = new_deferred_id()
         dctx = DegradeContext(
             ctx.alias,
-            ctx.request_id,
+            ctx.deferred_id or ctx.request_id,
             ctx.tenant,
             ctx.request_class,
             float(retry_after) if retry_after else None,
@@ -95,7 +101,7 @@ class Fallbacks:
         }
         if resp.queue:
             if await self._enqueue(acc, raw, ctx):
-                headers["x-gateway-deferred"] = ctx.request_id
+                headers["x-gateway-deferred"] = ctx.deferred_id or ""
             else:
                 return GatewayError(
                     503,
@@ -115,7 +121,7 @@ class Fallbacks:
             body = orjson.dumps(plain)
         for q in (self.queue, self.local_queue):
             try:
-                await q.enqueue(ctx.request_id, ctx.tenant, ctx.alias, body)
+                await q.enqueue(ctx.deferred_id or new_deferred_id(), ctx.tenant, ctx.alias, body)
             except QueueFull:
                 return False
             except Exception as e:  # noqa: BLE001 - Redis down: keep it in this process instead
@@ -133,12 +139,31 @@ class Fallbacks:
             return True
         return False
 
-    async def result(self, request_id: str, tenant: str) -> dict | None:
+    async def result(self, deferred_id: str, tenant: str) -> dict | None:
+        """The deferred request's state, only for the tenant that sent it (else None: not found)."""
+        if not valid_deferred_id(deferred_id):
+            return None
         for q in (self.queue, self.local_queue):
             try:
-                doc = await q.get_result(request_id)
+                doc = await q.get_result(deferred_id)
             except Exception:  # noqa: BLE001 - Redis down: look locally
                 continue
-            if doc is not None and doc.get("tenant") in (tenant, None):
+            if doc is not None and doc.get("tenant") == tenant:
                 return doc
         return None
+
+
+DEFERRED_PREFIX = "dfr_"
+
+
+def new_deferred_id() -> str:
+    return DEFERRED_PREFIX + os.urandom(16).hex()
+
+
+def valid_deferred_id(value: str) -> bool:
+    rest = value[len(DEFERRED_PREFIX) :]
+    return (
+        value.startswith(DEFERRED_PREFIX)
+        and len(rest) == 32
+        and all(c in "0123456789abcdef" for c in rest)
+    )

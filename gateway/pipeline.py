@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import orjson
 from starlette.background import BackgroundTask
 from starlette.datastructures import Headers
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway import errors
@@ -30,8 +30,10 @@ from gateway.decide import PRIORITY_HEADER, Decision, decide
 from gateway.dispatch import Dispatcher, Exhausted, PassThrough
 from gateway.errors import GatewayError
 from gateway.fallback import Fallbacks
-from gateway.governance.service import GovernanceService
+from gateway.governance.service import GovernanceService, Principal
+from gateway.http_protocol import READ_TIMEOUT_KEY
 from gateway.policy.schema import Alias
+from gateway.replay import ReplayEntry
 from gateway.router import Router
 from gateway.runtime import Runtime, Snapshot
 from gateway.singleflight import LeaderGone, SingleFlight, wait
@@ -45,6 +47,27 @@ JSON = "application/json"
 def new_request_id() -> str:
     """32 random hex digits, like uuid4().hex at a quarter of its cost."""
     return os.urandom(16).hex()
+
+
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:")
+MAX_REQUEST_ID = 128
+
+
+def client_request_id(value: str | None) -> str:
+    """The client's `x-request-id` when short and plain (it is echoed and logged), else a new one.
+
+    It is correlation only: nothing (deferred results, cache keys) is looked up by it.
+    """
+    if value and len(value) <= MAX_REQUEST_ID and _ID_CHARS.issuperset(value):
+        return value
+    return new_request_id()
+
+
+def clamp_ttl(header: str | None, policy_ttl_s: int) -> int:
+    """A client's `x-gateway-cache-ttl` may shorten the policy's TTL, never extend it."""
+    if header and header.isdigit() and len(header) <= 12:
+        return max(1, min(int(header), policy_ttl_s))
+    return policy_ttl_s
 
 
 @dataclass(slots=True)
@@ -63,11 +86,20 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise errors.too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise errors.too_large(limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise errors.too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The connection closed before the whole body came: the body timeout (a 408 was sent)
+        # or the client going away.
+        if request.scope.get(READ_TIMEOUT_KEY):
+            raise GatewayError(
+                408, "The request was not received in time.", code="request_timeout"
+            ) from None
+        raise GatewayError(499, "The client closed the connection.", code="client_closed") from None
     return b"".join(chunks)
 
 
@@ -97,7 +129,7 @@ class Pipeline:
             self.observers.append(observer)
 
     async def handle(self, request: Request, endpoint: Endpoint) -> Response:
-        ctx = Context(request.headers.get("x-request-id") or new_request_id(), time.perf_counter())
+        ctx = Context(client_request_id(request.headers.get("x-request-id")), time.perf_counter())
         ctx.endpoint = endpoint
         self.tracing.begin(ctx, request)  # root span, only when tracing is on
         try:
@@ -135,58 +167,86 @@ class Pipeline:
                 snap, request.headers.get("authorization")
             )
             ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
-            raw = await read_body(request, snap.policy.server.max_body_bytes)
+            server = snap.policy.server
+            raw = await read_body(request, server.max_body_bytes)
             ctx.request_body = raw
-            acc = accept(raw, endpoint)
-            if acc.model not in snap.policy.models:
-                raise errors.model_not_found(acc.model)
-            ctx.alias, ctx.stream = acc.model, acc.stream
-            # 2. Classify
-            with stage(ctx, "classify"):
-                priority = request.headers.get(PRIORITY_HEADER)
-                decision = decide(snap.policy, acc, ctx.tenant, priority)
-                ctx.prompt_tokens = decision.prompt_tokens
-                ctx.request_class = decision.request_class
-            # Limits and budgets (429 when refused; may route to a cheaper pool)
-            await self.governance.admit(snap, principal, acc, decision, ctx)
-            # 3. Cache
-            plan = self._cache_plan(acc, decision.alias, ctx, request.headers)
-            if plan is not None:
-                with stage(ctx, "cache"):
-                    cached = await self._cache_lookup(plan, ctx)
-                if cached is not None:
-                    hit = self._from_cache(cached, acc, ctx)
-                    if hit is not None:
-                        return hit
-            # 4-6. Route, dispatch, recover; when nothing can answer, degrade
-            try:
-                with stage(ctx, "route"):
-                    upstream = self.governance.upstream(acc, ctx)
-                    return await self._dispatch(snap, upstream, decision, ctx, plan)
-            except (Exhausted, Shed) as e:
-                with stage(ctx, "fallback"):
-                    return await self.fallbacks.degrade(e, acc, raw, ctx)
+            acc = accept(raw, endpoint, max_n=server.max_n, max_depth=server.max_json_depth)
+            return await self._serve(snap, acc, raw, ctx, request.headers, principal)
         except PassThrough as p:
             return p.response
         except GatewayError as e:
             return e.to_response(ctx.headers())
 
-    async def replay_send(self, raw: bytes) -> tuple[int, bytes]:
-        """Re-send a deferred request (non-streaming) for the replay worker: (status, body)."""
-        snap = self.runtime.snapshot
-        ctx = Context(new_request_id(), time.perf_counter())
+    async def _serve(
+        self,
+        snap: Snapshot,
+        acc: Accepted,
+        raw: bytes,
+        ctx: Context,
+        headers: Headers,
+        principal: Principal,
+    ) -> Response:
+        """Steps 2-6 for an accepted request (live, or replayed from the deferred queue)."""
+        if acc.model not in snap.policy.models:
+            raise errors.model_not_found(acc.model)
+        ctx.alias, ctx.stream = acc.model, acc.stream
+        # 2. Classify
+        with stage(ctx, "classify"):
+            priority = headers.get(PRIORITY_HEADER)
+            decision = decide(snap.policy, acc, ctx.tenant, priority)
+            ctx.prompt_tokens = decision.prompt_tokens
+            ctx.request_class = decision.request_class
+        # Limits and budgets (429 when refused; may route to a cheaper pool)
+        await self.governance.admit(snap, principal, acc, decision, ctx)
+        # 3. Cache
+        plan = self._cache_plan(acc, decision.alias, ctx, headers)
+        if plan is not None:
+            with stage(ctx, "cache"):
+                cached = await self._cache_lookup(plan, ctx)
+            if cached is not None:
+                hit = self._from_cache(cached, acc, ctx)
+                if hit is not None:
+                    return hit
+        # 4-6. Route, dispatch, recover; when nothing can answer, degrade (live requests only:
+        # a replay that fails stays queued and is retried)
         try:
-            acc = accept(raw, "chat")
-            if acc.model not in snap.policy.models:
-                raise errors.model_not_found(acc.model)
-            ctx.alias = acc.model
-            decision = decide(snap.policy, acc, ctx.tenant, None)
-            body, _ = await self.dispatcher.unary(snap, acc, decision, ctx)
+            with stage(ctx, "route"):
+                upstream = self.governance.upstream(acc, ctx)
+                return await self._dispatch(snap, upstream, decision, ctx, plan)
+        except (Exhausted, Shed) as e:
+            if ctx.replay:
+                raise
+            with stage(ctx, "fallback"):
+                return await self.fallbacks.degrade(e, acc, raw, ctx)
+
+    async def replay_send(self, entry: ReplayEntry) -> tuple[int, bytes]:
+        """Re-send a deferred request for the replay worker: (status, body).
+
+        It runs as the tenant that sent it, through the same steps as a live request (class
+        rules, cache lookup and store, dispatch), and is recorded like one (access log, metrics)
+        under its deferred id.
+        """
+        snap = self.runtime.snapshot
+        ctx = Context(entry.request_id or new_request_id(), time.perf_counter())
+        ctx.tenant, ctx.endpoint, ctx.replay = entry.tenant or "default", "chat", True
+        ctx.request_body = entry.body
+        server = snap.policy.server
+        try:
+            acc = accept(entry.body, "chat", max_n=server.max_n, max_depth=server.max_json_depth)
+            acc.stream = False  # the answer is stored, not streamed
+            # Tenant-level limits and budgets apply (a refusal is retried later by the worker).
+            principal = Principal(ctx.tenant, "")
+            response = await self._serve(snap, acc, entry.body, ctx, Headers(), principal)
         except PassThrough as p:
-            return p.response.status_code, bytes(p.response.body)
+            response = p.response
         except GatewayError as e:
-            return e.status, e.to_bytes()
-        return 200, body
+            response = e.to_response(ctx.headers())
+        except Exception as exc:  # noqa: BLE001 - recorded as a 500, retried by the worker
+            log.exception("unexpected error in a replay", exc_info=exc)
+            response = errors.internal_error().to_response(ctx.headers())
+        ctx.status = response.status_code
+        self.record(ctx)
+        return response.status_code, bytes(response.body)
 
     # -- cache ----------------------------------------------------------------------------------
 
@@ -206,12 +266,11 @@ class Pipeline:
             )
         if not use_exact and semantic is None:
             return None
-        ttl = exact.ttl_s
         ttl_header = headers.get("x-gateway-cache-ttl")
-        if ttl_header and ttl_header.isdigit() and int(ttl_header) > 0:
-            ttl = int(ttl_header)
-            if semantic is not None:
-                semantic.ttl_s = ttl
+        ttl = clamp_ttl(ttl_header, exact.ttl_s)
+        if ttl_header and semantic is not None:
+            limit = semantic.ttl_s if semantic.ttl_s is not None else self.semantic.settings.ttl_s
+            semantic.ttl_s = clamp_ttl(ttl_header, int(limit))
         key = exact_key(ctx.tenant, acc.model, acc.endpoint, acc.body, namespace)
         ctx.cache = "miss"
         if semantic is not None and "no-cache" in cc:

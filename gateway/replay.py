@@ -1,8 +1,8 @@
 """Deferred requests: queued while no provider can answer, replayed when one can.
 
-A degradation rule with ``queue: true`` stores the request (request id, tenant, alias, body);
-:class:`ReplayWorker` takes queued requests, sends them through an injected ``send(body)``
-(normally the gateway's own pipeline) and retries with backoff while that fails; the outcome is
+A degradation rule with ``queue: true`` stores the request (a deferred id the gateway generated,
+tenant, alias, body); :class:`ReplayWorker` takes queued requests, sends them through an injected
+``send(entry)`` (normally the gateway's own pipeline, as the entry's tenant) and retries with backoff while that fails; the outcome is
 kept under ``{prefix}:result:{request_id}`` for ``result_ttl_s`` so the client can fetch it.
 
 With Redis the queue is a stream with a consumer group: several workers (in several replicas)
@@ -34,7 +34,7 @@ from gateway.resilience.retry import backoff_s
 log = logging.getLogger(__name__)
 
 Body = bytes | dict[str, Any]  # the raw request body, or its parsed dict
-SendFn = Callable[[bytes], Awaitable[tuple[int, bytes]]]
+SendFn = Callable[["ReplayEntry"], Awaitable[tuple[int, bytes]]]
 _RETRY_STATUSES = frozenset({408, 429})
 
 
@@ -382,7 +382,7 @@ class ReplayWorker:
         entry, tries, _ = self._held[entry_id]
         tries += 1
         try:
-            status, body = await self.send(entry.body)
+            status, body = await self.send(entry)
             error = None if status not in _RETRY_STATUSES and status < 500 else f"HTTP {status}"
         except Exception as exc:  # any failure of the replay is retried, never lost
             status, body, error = 0, b"", f"{type(exc).__name__}: {exc}"

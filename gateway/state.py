@@ -1,8 +1,10 @@
 """Shared state backend: Redis when REDIS_URL is set, otherwise nothing (everything in memory).
 
 Redis must never take the gateway down. `SharedState.call` runs a Redis command with short
-timeouts; on failure it logs once, returns a default, and skips Redis for a short back-off so a
-dead Redis costs requests nothing. redis-py reconnects by itself once Redis is back.
+timeouts; when Redis cannot be reached it logs once, returns a default, and skips Redis for a
+short back-off so a dead Redis costs requests nothing. A command Redis answers with an error is
+only that command's failure (default returned), never "Redis down" for every other request.
+redis-py reconnects by itself once Redis is back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import DataError, ReadOnlyError, ResponseError
 
 from gateway.redis_client import AnyRedis, make_redis
 
@@ -29,6 +32,7 @@ class SharedState:
         self._retry_after_s = retry_after_s
         self._down_until = 0.0
         self._down_logged = False
+        self._last_command_log = 0.0
         self.redis: AnyRedis | None = None
         if url:
             # One server, a Redis Cluster or a Sentinel-managed primary, by the URL's scheme.
@@ -89,12 +93,26 @@ class SharedState:
                 # A pooled connection Redis dropped (e.g. after a restart) fails once: retry on a
                 # fresh one before calling Redis down.
                 result = await fn(self.redis)
+        except (ResponseError, DataError) as e:
+            if isinstance(e, ReadOnlyError):  # a replica answering during a failover: Redis is down
+                self.mark_down(e)
+                return default
+            # Redis answered, with an error for this command (e.g. an out-of-range argument):
+            # that command failed, Redis is not down for everyone else.
+            self._command_failed(e)
+            return default
         except Exception as e:  # noqa: BLE001 - Redis errors, and client bugs during failovers
             self.mark_down(e)
             return default
         if self._down_logged:
             self.mark_up()
         return result
+
+    def _command_failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._last_command_log >= 10.0:  # bounded: a client must not flood the log
+            self._last_command_log = now
+            log.warning("Redis refused a command (%s): %s", type(exc).__name__, str(exc)[:200])
 
     async def aclose(self) -> None:
         if self.redis is not None:

@@ -44,7 +44,7 @@ def test_wrong_type_is_named() -> None:
 def test_dangling_reference_is_named() -> None:
     with pytest.raises(PolicyError) as e:
         parse_policy(MINIMAL.replace("members: [a]", "members: [a, ghost]"))
-    assert "pools.p.members: unknown provider 'ghost'" in e.value.problems
+    assert "pools.p.members: unknown provider 'ghost' (line 5)" in e.value.problems
 
 
 def test_env_interpolation_and_missing_env() -> None:
@@ -53,7 +53,9 @@ def test_env_interpolation_and_missing_env() -> None:
     assert p.providers["a"].base_url == "http://10.0.0.1:8000/v1"
     with pytest.raises(PolicyError) as e:
         parse_policy(text, env={})
-    assert "providers.a.base_url: environment variable UP_URL is not set" in e.value.problems
+    assert (
+        "providers.a.base_url: environment variable UP_URL is not set (line 3)" in e.value.problems
+    )
     p = parse_policy(
         MINIMAL.replace('"http://127.0.0.1:1/v1"', '"${UP_URL:-http://h:1/v1}"'), env={}
     )

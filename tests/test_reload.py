@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 import redis
 
@@ -244,10 +245,10 @@ def test_invalid_file_is_refused_and_old_policy_stays(tmp_path, urls) -> None:
         write_atomic(policy, good.replace("members: [a, b]", "members: [a, zzz]"))
         r = httpx.post(f"{served.url}/admin/reload", timeout=10)
         assert r.status_code == 400
-        assert "pools.main.members: unknown provider 'zzz'" in r.json()["errors"]
+        assert r.json()["errors"][0].startswith("pools.main.members: unknown provider 'zzz' (line")
         write_atomic(policy, "providers: [this is not: yaml")
         r = httpx.post(f"{served.url}/admin/reload", timeout=10)
-        assert r.status_code == 400 and r.json()["errors"][0].startswith("<yaml>")
+        assert r.status_code == 400 and r.json()["errors"][0].startswith(f"{policy}: invalid YAML")
         assert served.ready()["policy_version"] == version
         assert traffic.providers_after(time.monotonic()) <= {"a", "b"}
     assert traffic.errors == []
@@ -275,12 +276,14 @@ async def test_latency_estimates_survive_a_reload(urls) -> None:
 
 
 def test_reload_on_one_replica_reaches_the_other(tmp_path, urls, redis_url, redis_prefix) -> None:
+    """The reload signal makes each replica re-read ITS OWN file; policy content that arrives
+    through Redis is never applied."""
     env = {"REDIS_URL": redis_url, "GATEWAY_REDIS_PREFIX": redis_prefix}
     first = policy_text(urls, ["a"])
     hidden = tmp_path / "hidden"
     hidden.mkdir()
     paths = []
-    for i in (1, 2):
+    for i in (1, 2, 3):
         (hidden / f"{i}.yaml").write_text(first)
         (tmp_path / f"replica{i}").mkdir()
         link = tmp_path / f"replica{i}" / "policy.yaml"
@@ -288,11 +291,21 @@ def test_reload_on_one_replica_reaches_the_other(tmp_path, urls, redis_url, redi
         paths.append(link)
     channel = f"{redis_prefix}policy"
     r = redis.Redis.from_url(redis_url)
-    specs = [(paths[i], tmp_path / f"r{i + 1}.log", env) for i in (0, 1)]
-    with serve_many(*specs) as (one, two):
-        poll(lambda: dict(r.pubsub_numsub(channel))[channel.encode()] >= 2, "both subscribed")
+    specs = [(paths[i], tmp_path / f"r{i + 1}.log", env) for i in (0, 1, 2)]
+    with serve_many(*specs) as (one, two, three):
+        poll(lambda: dict(r.pubsub_numsub(channel))[channel.encode()] >= 3, "all subscribed")
+        # Anyone who can write to Redis publishes a policy of their own (the old message shape
+        # carried the policy text): no replica applies it.
+        hostile = policy_text(urls, ["b"], "round_robin")
+        r.publish(channel, orjson.dumps({"origin": "attacker", "version": "x", "text": hostile}))
+        r.publish(channel, orjson.dumps({"origin": "attacker", "sha256": "0" * 64}))
+        time.sleep(0.5)
+        for replica in (one, two, three):
+            assert replica.ready()["policy_version"] == version_of(first)
+        # The operator rolls a new file out to replicas 1 and 2 only, and reloads replica 1.
         second = policy_text(urls, ["c"], "round_robin")
-        write_atomic(hidden / "1.yaml", second)  # only replica 1's copy changes
+        write_atomic(hidden / "1.yaml", second)
+        write_atomic(hidden / "2.yaml", second)
         reply = httpx.post(f"{one.url}/admin/reload", timeout=10).json()
         assert reply == {"reloaded": True, "version": version_of(second)}
         poll(lambda: two.ready()["policy_version"] == version_of(second), "replica 2")
@@ -302,5 +315,8 @@ def test_reload_on_one_replica_reaches_the_other(tmp_path, urls, redis_url, redi
             timeout=10,
         )
         assert answer.headers["x-gateway-provider"] == "c"
-        assert (hidden / "2.yaml").read_text() == first  # it came through Redis
+        # Replica 3's file did not change: it stays on its own version and says why.
+        poll(lambda: "does not have" in three.log_text(), "replica 3's warning")
+        assert three.ready()["policy_version"] == version_of(first)
+        assert (hidden / "3.yaml").read_text() == first
     r.close()

@@ -17,6 +17,7 @@ from gateway.replay import (
     MemoryReplayQueue,
     QueueFull,
     RedisReplayQueue,
+    ReplayEntry,
     ReplaySettings,
     ReplayWorker,
     make_replay_queue,
@@ -51,7 +52,8 @@ class Upstream:
     def __init__(self, failures: int, final: int = 200) -> None:
         self.failures, self.final, self.calls = failures, final, 0
 
-    async def __call__(self, body: bytes) -> tuple[int, bytes]:
+    async def __call__(self, entry: ReplayEntry) -> tuple[int, bytes]:
+        body = entry.body
         self.calls += 1
         if self.calls <= self.failures:
             if self.calls % 2:

@@ -1,21 +1,31 @@
-"""Load and validate policy files, with `${ENV}` interpolation and readable errors."""
+"""Load and validate policy files, with `${ENV}` interpolation and readable errors.
+
+Every problem is reported with its field path and line (`models.chat.routes.interactve: unknown
+class 'interactve' (line 42)`). Errors refuse the policy; warnings (a provider key variable that
+is unset, a class rule naming a tenant no key maps to) are reported and the policy is used.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from gateway.policy.schema import ENV_REF, Policy
+from gateway.policy.schema import ENV_REF, GATEWAY_ENV_PREFIX, Policy
+from gateway.policy.source import MAX_BYTES, SourceMap, YamlLimitError, load_yaml
+
+# Variables a policy may never read: the gateway's own secrets.
+SECRET_VARIABLES = frozenset({"GATEWAY_ADMIN_KEY", "GATEWAY_API_KEYS"})
 
 
 class PolicyError(Exception):
-    """A policy that cannot be used. `problems` holds one "field.path: message" line each."""
+    """A policy that cannot be used. `problems` holds one "field.path: message (line N)" each."""
 
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
@@ -23,73 +33,188 @@ class PolicyError(Exception):
         super().__init__(f"invalid policy {source}:\n  " + "\n  ".join(problems))
 
 
-def _interpolate(node: Any, path: str, env: Mapping[str, str], problems: list[str]) -> Any:
+@dataclass(slots=True)
+class PolicyReport:
+    """What checking a policy found: the policy (None when refused), errors and warnings."""
+
+    source: str
+    policy: Policy | None
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+class _Problems:
+    def __init__(self, smap: SourceMap) -> None:
+        self.smap = smap
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+
+    def _fmt(self, path: str, message: str) -> str:
+        line = self.smap.line_of(path) if path and path != "<root>" else None
+        where = f" (line {line})" if line else ""
+        return f"{path or '<root>'}: {message}{where}"
+
+    def error(self, path: str, message: str) -> None:
+        self.errors.append(self._fmt(path, message))
+
+    def warn(self, path: str, message: str) -> None:
+        self.warnings.append(self._fmt(path, message))
+
+
+def _secret_names(raw: dict[str, Any]) -> set[str]:
+    """Variables holding gateway keys: a policy may name them only as auth.keys[].key_env."""
+    names = set(SECRET_VARIABLES)
+    keys = (raw.get("auth") or {}).get("keys") if isinstance(raw.get("auth"), dict) else None
+    for k in keys if isinstance(keys, list) else []:
+        if isinstance(k, dict) and isinstance(k.get("key_env"), str):
+            names.add(k["key_env"])
+    return names
+
+
+def _interpolate(
+    node: Any, path: str, env: Mapping[str, str], problems: _Problems, secrets: set[str]
+) -> Any:
     if isinstance(node, str):
 
         def repl(m: Any) -> str:
             name, default = m.group(1), m.group(2)
+            if name in secrets:
+                problems.error(path, f"${{{name}}} holds a gateway key and may not be used here")
+                return ""
+            upstream = path.startswith("providers.") and ".headers." in path
+            if upstream and name.upper().startswith(GATEWAY_ENV_PREFIX):
+                problems.error(path, f"${{{name}}}: GATEWAY_* variables are never sent upstream")
+                return ""
             if name in env:
                 return env[name]
             if default is not None:
                 return str(default)
-            problems.append(f"{path or '<root>'}: environment variable {name} is not set")
+            if upstream:  # a provider credential: like an unset api_key_env, only a warning
+                problems.warn(path, f"environment variable {name} is not set: sent empty")
+                return ""
+            problems.error(path, f"environment variable {name} is not set")
             return ""
 
         return ENV_REF.sub(repl, node)
     if isinstance(node, dict):
         return {
-            k: _interpolate(v, f"{path}.{k}" if path else str(k), env, problems)
+            k: _interpolate(v, f"{path}.{k}" if path else str(k), env, problems, secrets)
             for k, v in node.items()
         }
     if isinstance(node, list):
-        return [_interpolate(v, f"{path}.{i}", env, problems) for i, v in enumerate(node)]
+        return [_interpolate(v, f"{path}.{i}", env, problems, secrets) for i, v in enumerate(node)]
     return node
 
 
-def _format_validation(err: ValidationError) -> list[str]:
-    lines = []
+def _validation_problems(err: ValidationError, problems: _Problems) -> None:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-            # Cross-reference errors already carry their own paths.
+            # Cross-reference errors already carry their own paths ("path: message; ...").
             if e["loc"] == ():
-                lines.extend(part.strip() for part in msg.split(";"))
+                for part in msg.split("; "):
+                    path, _, text = part.strip().partition(": ")
+                    problems.error(path, text)
                 continue
-        lines.append(f"{loc}: {msg}")
-    return lines
+        problems.error(loc, msg)
+
+
+def _items(node: Any, key: str) -> list[tuple[str, Any]]:
+    """(name or index, value) of a mapping or list found under `key` of a raw dict."""
+    value = node.get(key) if isinstance(node, dict) else None
+    if isinstance(value, dict):
+        return [(str(k), v) for k, v in value.items()]
+    if isinstance(value, list):
+        return [(str(i), v) for i, v in enumerate(value)]
+    return []
+
+
+def _env_checks(data: dict[str, Any], env: Mapping[str, str], problems: _Problems) -> None:
+    """Variables the policy names (checked on the raw data, so they are reported even when the
+    policy has other errors): a gateway key source must yield a key, else the gateway would be
+    open; a missing provider key is only a warning (some upstreams need none)."""
+    tenants: set[str] = set()
+    for i, k in _items(data.get("auth"), "keys"):
+        if not isinstance(k, dict):
+            continue
+        tenants.add(str(k.get("tenant")))
+        name = k.get("key_env")
+        if isinstance(name, str) and not env.get(name, "").strip():
+            problems.error(
+                f"auth.keys.{i}.key_env",
+                f"environment variable {name} is unset or empty: tenant '{k.get('tenant')}' "
+                "would have no key",
+            )
+    for pname, p in _items(data, "providers"):
+        name = p.get("api_key_env") if isinstance(p, dict) else None
+        if isinstance(name, str) and name and not env.get(name):
+            problems.warn(
+                f"providers.{pname}.api_key_env",
+                f"environment variable {name} is not set: requests to '{pname}' are sent "
+                "without a key",
+            )
+    if tenants and not env.get("GATEWAY_API_KEYS"):
+        for i, rule in _items(data, "classes"):
+            for j, t in _items(rule, "tenants"):
+                if t not in tenants:
+                    problems.warn(f"classes.{i}.tenants.{j}", f"no gateway key maps to '{t}'")
+
+
+def check_policy(
+    text: str, source: str = "<string>", env: Mapping[str, str] | None = None
+) -> PolicyReport:
+    """Parse and validate YAML text; every error and warning with its field path and line."""
+    env = os.environ if env is None else env
+    try:
+        raw, smap = load_yaml(text)
+    except yaml.YAMLError as e:
+        return PolicyReport(source, None, [f"{source}: invalid YAML: {e}"])
+    except YamlLimitError as e:
+        return PolicyReport(source, None, [f"{source}: refused: {e}"])
+    problems = _Problems(smap)
+    if not isinstance(raw, dict):
+        return PolicyReport(source, None, [f"{source}: a policy file must be a mapping"])
+    data = _interpolate(raw, "", env, problems, _secret_names(raw))
+    policy: Policy | None = None
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as e:
+        _validation_problems(e, problems)
+    _env_checks(data, env, problems)
+    if problems.errors:
+        policy = None
+    return PolicyReport(source, policy, problems.errors, problems.warnings)
 
 
 def parse_policy(
     text: str, source: str = "<string>", env: Mapping[str, str] | None = None
 ) -> Policy:
     """Parse YAML text into a validated Policy or raise PolicyError listing every problem."""
+    report = check_policy(text, source, env)
+    if report.policy is None:
+        raise PolicyError(source, report.errors)
+    return report.policy
+
+
+def read_policy_text(path: str | Path) -> str:
+    p = Path(path)
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise PolicyError(source, [f"<yaml>: {e}"]) from None
-    if not isinstance(raw, dict):
-        raise PolicyError(source, ["<root>: a policy file must be a mapping"])
-    problems: list[str] = []
-    data = _interpolate(raw, "", os.environ if env is None else env, problems)
-    try:
-        policy = Policy.model_validate(data)
-    except ValidationError as e:
-        problems.extend(_format_validation(e))
-        raise PolicyError(source, problems) from None
-    if problems:
-        raise PolicyError(source, problems)
-    return policy
+        if p.stat().st_size > MAX_BYTES:
+            raise PolicyError(str(p), [f"{p}: refused: the file is larger than {MAX_BYTES} bytes"])
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PolicyError(str(p), [f"{p}: {getattr(e, 'strerror', None) or e}"]) from None
 
 
 def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Policy:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise PolicyError(str(p), [f"<file>: {e.strerror or e}"]) from None
-    return parse_policy(text, str(p), env)
+    return parse_policy(read_policy_text(path), str(path), env)
+
+
+def text_hash(text: str) -> str:
+    """The SHA-256 of a policy file's text: what replicas compare on a reload signal."""
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
 
 
 def policy_fingerprint(policy: Policy) -> str:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.cache.exact import ExactSettings
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
@@ -97,6 +98,41 @@ class Provider(Strict):
         "upstream header ever reaches a client).",
     )
 
+    @field_validator("base_url")
+    @classmethod
+    def _no_credentials(cls, v: str) -> str:
+        # Credentials in a URL end up in logs and error messages; keys go in api_key_env/headers.
+        parts = urlsplit(v)
+        if parts.username or parts.password:
+            raise ValueError(
+                "must not carry credentials (user:password@); put the key in api_key_env or headers"
+            )
+        if not parts.hostname:
+            raise ValueError("has no host name")
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _valid_headers(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not HEADER_NAME.match(name):
+                raise ValueError(f"'{name}' is not a valid header name")
+            if any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in value):
+                raise ValueError(
+                    f"the value of '{name}' holds a control character (e.g. a newline)"
+                )
+        return v
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _not_a_gateway_variable(cls, v: str | None) -> str | None:
+        if v is not None and not ENV_NAME.match(v):
+            raise ValueError(f"'{v}' is not an environment variable name")
+        if v is not None and v.upper().startswith(GATEWAY_ENV_PREFIX):
+            # The gateway's own secrets (admin key, tenant keys) must never be sent upstream.
+            raise ValueError(f"'{v}': provider keys may not be read from GATEWAY_* variables")
+        return v
+
     def model_for(self, alias: str) -> str:
         return self.models.get(alias) or self.models.get("*") or alias
 
@@ -161,7 +197,35 @@ class Auth(Strict):
 
 
 class Server(Strict):
+    """Limits on what clients may send and hold (per worker process)."""
+
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A request's headers must arrive within this (else 408 / close)."
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="A request's body must arrive within this after its headers."
+    )
+    keepalive_timeout_s: float = Field(
+        5.0, gt=0, description="An idle keep-alive connection is closed after this."
+    )
+    max_connections: int = Field(
+        1024,
+        ge=8,
+        description="Open client connections per worker (also at most half the open-file "
+        "limit); beyond it the longest-idle connections are closed first.",
+    )
+    max_n: int = Field(8, ge=1, le=128, description="Largest `n` (and `best_of`) accepted.")
+    max_json_depth: int = Field(
+        64, ge=4, le=200, description="Deepest nesting of arrays/objects in a request body."
+    )
+
+
+class Metrics(Strict):
+    public: bool = Field(
+        False,
+        description="Serve /metrics and the detailed /ready to anyone; off = admin key or loopback.",
+    )
 
 
 class Degradation(Strict):
@@ -173,7 +237,13 @@ class Degradation(Strict):
 class Policy(Strict):
     version: int = 1
     server: Server = Server()
+    metrics: Metrics = Metrics()
     auth: Auth = Auth()
+    provider_key_env_prefixes: list[str] = Field(
+        default_factory=list,
+        description="Allowed name prefixes of providers' api_key_env (and of variables used in "
+        "their headers); empty = any name except GATEWAY_*.",
+    )
     classes: list[ClassRule] = Field(default_factory=list, description="First match wins.")
     default_class: Name = "default"
     retry: RetrySettings = RetrySettings(max_attempts=4)
@@ -197,6 +267,33 @@ class Policy(Strict):
         names = [c.name for c in self.classes]
         if len(set(names)) != len(names):
             errors.append("classes: class names must be unique")
+        known_classes = {*names, self.default_class}
+        routed = {cls for alias in self.models.values() for cls in alias.routes}
+        if (
+            "default_class" in self.model_fields_set
+            and self.classes
+            and self.default_class not in names
+            and self.default_class not in routed
+        ):
+            errors.append(
+                f"default_class: '{self.default_class}' is neither a class in classes nor routed "
+                f"by any model (classes: {', '.join(names)})"
+            )
+        for i, rule in enumerate(self.classes):
+            for j, a in enumerate(rule.aliases):
+                if a not in self.models:
+                    errors.append(f"classes.{i}.aliases.{j}: unknown model '{a}'")
+        for pname, provider in self.providers.items():
+            env = provider.api_key_env
+            if (
+                env
+                and self.provider_key_env_prefixes
+                and not env.startswith(tuple(self.provider_key_env_prefixes))
+            ):
+                errors.append(
+                    f"providers.{pname}.api_key_env: '{env}' does not start with an allowed prefix "
+                    f"({', '.join(self.provider_key_env_prefixes)})"
+                )
         for pname, pool in self.pools.items():
             for m in pool.members:
                 if m not in self.providers:
@@ -210,6 +307,11 @@ class Policy(Strict):
             for cls, pool in alias.routes.items():
                 if pool not in self.pools:
                     errors.append(f"models.{aname}.routes.{cls}: unknown pool '{pool}'")
+                if cls not in known_classes:
+                    errors.append(
+                        f"models.{aname}.routes.{cls}: unknown class '{cls}' (classes: "
+                        f"{', '.join(sorted(known_classes))})"
+                    )
             if alias.fallback_alias and alias.fallback_alias not in self.models:
                 errors.append(
                     f"models.{aname}.fallback_alias: unknown alias '{alias.fallback_alias}'"
@@ -221,3 +323,6 @@ class Policy(Strict):
 
 
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+GATEWAY_ENV_PREFIX = "GATEWAY_"
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")

@@ -1,8 +1,10 @@
-"""Hot reload: watch the policy file, reload on SIGHUP or an admin call, spread reloads via Redis.
+"""Hot reload: watch the policy file, reload on SIGHUP or an admin call, signal reloads via Redis.
 
-A new version is validated first; an invalid file is refused with every field path in the log and
-the running policy stays. With Redis, the replica that loaded a new version publishes its text so
-that every other replica applies the same version.
+A new version is read and validated off the event loop; an invalid file is refused with every
+field path in the log and the running policy stays. With Redis, the replica that loaded a new
+version publishes a reload SIGNAL carrying the file's hash, never the policy itself: each replica
+re-reads its own file (anyone able to write to Redis must not be able to configure the gateway).
+A replica whose file differs from the signalled hash says so in its log.
 """
 
 from __future__ import annotations
@@ -12,13 +14,20 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import orjson
 from watchfiles import awatch
 
-from gateway.policy.loader import PolicyError, parse_policy, policy_fingerprint
+from gateway.policy.loader import (
+    PolicyError,
+    check_policy,
+    policy_fingerprint,
+    read_policy_text,
+    text_hash,
+)
 from gateway.policy.schema import Policy
 from gateway.state import SharedState
 
@@ -43,48 +52,74 @@ class PolicyReloader:
         self.reloads = 0
         self.failures = 0
         self.last_error: list[str] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self.file_hash: str | None = None  # hash of the file text now applied
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[Any]] = []
 
-    def reload(
-        self, *, text: str | None = None, source: str | None = None, publish: bool = True
-    ) -> str | None:
-        """Load, validate and apply. Returns the new version, or None when refused (old policy stays)."""
-        src = source or str(self.path)
-        try:
-            if text is None:
-                if self.path is None:
-                    raise PolicyError("<none>", ["<file>: this gateway runs without a policy file"])
-                text = self.path.read_text(encoding="utf-8")
-            policy = parse_policy(text, src)
-        except (PolicyError, OSError) as e:
-            self.failures += 1
-            self.last_error = e.problems if isinstance(e, PolicyError) else [str(e)]
-            log.error("policy reload refused, keeping the running policy: %s", e)
-            return None
-        version = self._apply(policy)
-        self.reloads += 1
-        self.last_error = []
-        log.warning("policy %s applied (version %s)", src, version)
+    def _read(self) -> tuple[str, Policy]:
+        """Read and validate the file (runs in a worker thread: YAML and validation are CPU)."""
+        if self.path is None:
+            raise PolicyError("<none>", ["<file>: this gateway runs without a policy file"])
+        text = read_policy_text(self.path)
+        report = check_policy(text, str(self.path))
+        if report.policy is None:
+            raise PolicyError(str(self.path), report.errors)
+        for w in report.warnings:
+            log.warning("policy %s: %s", self.path, w)
+        return text, report.policy
+
+    async def reload(self, *, publish: bool = True, reason: str = "") -> str | None:
+        """Load, validate and apply the file. Returns the new version, or None when refused (the
+        running policy stays)."""
+        async with self._lock:
+            try:
+                text, policy = await asyncio.to_thread(self._read)
+                version = self._apply(policy)
+            except Exception as e:  # noqa: BLE001 - any failure refuses the file, never the process
+                self.failures += 1
+                self.last_error = e.problems if isinstance(e, PolicyError) else [str(e)]
+                log.error("policy reload refused, keeping the running policy: %s", e)
+                return None
+            self.file_hash = text_hash(text)
+            self.reloads += 1
+            self.last_error = []
+        log.warning("policy %s applied (version %s)%s", self.path, version, reason)
         if publish and self.state.enabled:
-            msg = orjson.dumps({"origin": self.replica_id, "version": version, "text": text})
-            asyncio.get_running_loop().create_task(
-                self.state.call(lambda r: r.publish(self.state.key(CHANNEL), msg), 0)
+            msg = orjson.dumps(
+                {"origin": self.replica_id, "version": version, "sha256": self.file_hash}
             )
+            await self.state.call(lambda r: r.publish(self.state.key(CHANNEL), msg), 0)
         return version
+
+    def reload_soon(self) -> None:
+        """For signal handlers: reload in a task."""
+        self._spawn(self.reload())
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self.path is not None:
+            with contextlib.suppress(OSError, UnicodeDecodeError, PolicyError):
+                self.file_hash = text_hash(read_policy_text(self.path))
             self._tasks.append(loop.create_task(self._watch()))
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signal.SIGHUP, self.reload)
+                loop.add_signal_handler(signal.SIGHUP, self.reload_soon)
         if self.state.enabled:
             self._tasks.append(loop.create_task(self._subscribe()))
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        tasks = list(self._tasks)
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
@@ -102,10 +137,10 @@ class PolicyReloader:
             now = file_signature(self.path)
             if now != seen:
                 seen = now
-                self.reload()
+                await self.reload()
 
     async def _subscribe(self) -> None:
-        """Apply versions published by other replicas; reconnect with back-off while Redis is down."""
+        """Follow reload signals of other replicas; reconnect with back-off while Redis is down."""
         channel = self.state.key(CHANNEL)
         delay = 0.5
         while True:
@@ -116,7 +151,7 @@ class PolicyReloader:
                     await ps.subscribe(channel)
                     delay = 0.5
                     async for msg in ps.listen():
-                        self._on_message(msg.get("data"))
+                        await self.on_signal(msg.get("data"))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - any Redis failure: retry later
@@ -124,16 +159,32 @@ class PolicyReloader:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    def _on_message(self, data: object) -> None:
-        if not isinstance(data, (bytes, str)):
+    async def on_signal(self, data: object) -> None:
+        """Another replica reloaded: re-read our own file. Nothing in the message is applied."""
+        if self.path is None or not isinstance(data, (bytes, str)) or len(data) > 4096:
             return
         try:
             msg = orjson.loads(data)
         except orjson.JSONDecodeError:
             return
-        if msg.get("origin") == self.replica_id:
+        if not isinstance(msg, dict) or msg.get("origin") == self.replica_id:
             return
-        self.reload(text=msg.get("text", ""), source=f"replica {msg.get('origin')}", publish=False)
+        announced = msg.get("sha256")
+        try:
+            own = text_hash(await asyncio.to_thread(read_policy_text, self.path))
+        except PolicyError as e:
+            log.error("reload signal: cannot read %s: %s", self.path, e)
+            return
+        if isinstance(announced, str) and own != announced:
+            log.warning(
+                "reload signal from %s names a policy file this replica does not have "
+                "(sha256 %s..., ours %s...); reloading our own file",
+                str(msg.get("origin"))[:200],
+                announced[:12],
+                own[:12],
+            )
+        if own != self.file_hash:
+            await self.reload(publish=False, reason=" after a reload signal")
 
 
 def file_signature(path: Path) -> tuple[str, int, int, int] | None:

@@ -152,7 +152,7 @@ def explain_live(
     return out
 
 
-def accept_any(raw: bytes, endpoint: str | None = None) -> Accepted:
+def accept_any(raw: bytes, endpoint: str | None = None, **limits: int) -> Accepted:
     """Parse a chat or completions body (endpoint inferred from its fields unless given)."""
     if endpoint is None:
         try:
@@ -161,14 +161,20 @@ def accept_any(raw: bytes, endpoint: str | None = None) -> Accepted:
             endpoint = "chat"  # accept() answers with the proper invalid-JSON error
     if endpoint not in ("chat", "completions", "embeddings"):
         raise errors.bad_request(f"Unknown endpoint '{endpoint}'.", param="endpoint")
-    return accept(raw, endpoint)  # type: ignore[arg-type]
+    return accept(raw, endpoint, **limits)  # type: ignore[arg-type]
 
 
 async def explain_http(request: Request, snap: Snapshot, router: Router) -> dict[str, Any]:
     """`POST /v1/gateway/explain`: authenticate as usual, decide, show; nothing is sent."""
     tenant = snap.keys.tenant_for(request.headers.get("authorization"))
     raw = await read_body(request, snap.policy.server.max_body_bytes)
-    acc = accept_any(raw, request.query_params.get("endpoint"))
+    server = snap.policy.server
+    acc = accept_any(
+        raw,
+        request.query_params.get("endpoint"),
+        max_n=server.max_n,
+        max_depth=server.max_json_depth,
+    )
     if acc.model not in snap.policy.models:
         raise errors.model_not_found(acc.model)
     headers = request.headers
