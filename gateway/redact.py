@@ -43,6 +43,10 @@ class Redactor:
     def extended(self, more: Iterable[str]) -> Redactor:
         return Redactor((*self._texts, *more))
 
+    @property
+    def secret_bytes(self) -> tuple[bytes, ...]:
+        return self._bytes
+
     def __bool__(self) -> bool:
         return bool(self._bytes)
 
