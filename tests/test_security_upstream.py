@@ -62,7 +62,8 @@ def _policy(h: HostileUpstream) -> str:
         for name, fallback in names:
             prov.append(
                 f"  {name}: {{base_url: '{h.url(mode)}', api_key_env: HOSTILE_KEY, "
-                "timeouts: {connect_s: 2, first_byte_s: 10, idle_s: 10, total_s: 20}}"
+                "timeouts: {connect_s: 2, first_byte_s: 10, idle_s: 10, total_s: 20}, "
+                "breaker: {cooldown_s: 60, max_cooldown_s: 60}}"  # open for the whole module
             )
             pools.append(f"  p_{name}: {{members: [{name}], max_attempts: 1{fallback}}}")
             models.append(f"  {name}: {{pool: p_{name}}}")
