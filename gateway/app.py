@@ -145,6 +145,9 @@ def create_app(
             )
         if state.enabled:
             log.info("shared state: Redis enabled")
+            # Connect now: a Redis Cluster client learns the slot map on its first command, and
+            # a subscription made before that cannot find the channel's node.
+            await state.call(lambda r: r.ping(), None)
         drain.install()
         if membership is not None:
             membership.start()

@@ -63,6 +63,11 @@ class SharedState:
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
 
+    def group_key(self, group: str, *parts: str) -> str:
+        """A key of `group` whose keys all share one Redis Cluster slot (the hash tag
+        `{prefix+group}`): scripts and transactions may then touch several of them at once."""
+        return ":".join(("{" + self.prefix + group + "}", *parts))
+
     def tagged_key(self, *parts: str) -> str:
         """A key prefix whose keys share one Redis Cluster slot (a hash tag), for commands and
         transactions that touch several of them together."""

@@ -108,9 +108,9 @@ def _wait_for_processes(url: str, n: int) -> None:
 
     client = r.Redis.from_url(url)
     deadline = time.monotonic() + 20
-    while client.zcard("gw:gov:procs") < n and time.monotonic() < deadline:
+    while client.zcard("{gw:gov}:procs") < n and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert client.zcard("gw:gov:procs") >= n
+    assert client.zcard("{gw:gov}:procs") >= n
 
 
 async def _send(

@@ -210,3 +210,42 @@ def test_sentinel_primary_killed_under_load(fleet, sentinel, tmp_path, monkeypat
     finally:
         fleet.clear_faults("c")
         gw.__exit__(None, None, None)
+
+
+def test_governance_scripts_run_on_the_cluster(fleet, cluster, monkeypatch) -> None:
+    """Rate-limit and concurrency scripts touch several keys at once: on a cluster they must
+    hash to one slot (`{prefix gov}` tag), or Redis refuses them (CROSSSLOT) and limits would
+    stay per process."""
+    prefix = f"gwgov:{uuid.uuid4().hex[:6]}:"
+    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", prefix)
+    monkeypatch.setenv("GATEWAY_API_KEYS", "team:team-key")
+    text = f"""
+governance:
+  tenants:
+    team: {{limits: {{requests_per_minute: 600, tokens_per_minute: 100000, max_concurrent: 50}}}}
+providers:
+  ok: {{base_url: "{fleet.url("a")}"}}
+pools:
+  main: {{members: [ok]}}
+models:
+  chat: {{pool: main}}
+"""
+    with GatewayServer(text, redis_url=cluster.url) as gw, cluster.client() as c:
+        deadline = time.monotonic() + 15
+        while True:
+            r = httpx.post(
+                f"{gw.base_url}/chat/completions",
+                headers={"authorization": "Bearer team-key"},
+                json={
+                    "model": "chat",
+                    "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "x"}],
+                },
+                timeout=10,
+            )
+            assert r.status_code == 200, r.text
+            keys = {k.decode() for k in c.scan_iter(match="{" + prefix + "gov}:*")}
+            if any(":rl:" in k for k in keys) and any(":cc:" in k for k in keys):
+                break
+            assert time.monotonic() < deadline, keys
+            time.sleep(0.1)

@@ -187,6 +187,7 @@ class RedisSemanticStore:
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
+                await self._redis.ping()  # a Redis Cluster client learns its slots on a command
                 await pubsub.subscribe(self.channel)
                 self._ok()
                 await on_subscribed()

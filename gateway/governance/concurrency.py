@@ -37,7 +37,7 @@ class Concurrency:
         self.local_mode = False
 
     def slots(self, scope: str, limit: int) -> Slots:
-        key = self.state.key("gov", "cc", scope)
+        key = self.state.group_key("gov", "cc", scope)
         s = self.scopes.get(key)
         if s is None:
             s = self.scopes[key] = Slots(key, limit)

@@ -103,18 +103,18 @@ class KeyStore:
     # -- Redis layout --------------------------------------------------------------------------
 
     def _rkey(self, key_id: str) -> str:
-        return self.state.key("gov", "key", key_id)
+        return self.state.group_key("gov", "key", key_id)
 
     def _hkey(self, h: str) -> str:
-        return self.state.key("gov", "keyh", h)
+        return self.state.group_key("gov", "keyh", h)
 
     @property
     def _index(self) -> str:
-        return self.state.key("gov", "keys")
+        return self.state.group_key("gov", "keys")
 
     @property
     def channel(self) -> str:
-        return self.state.key("gov", "keys", "events")
+        return self.state.group_key("gov", "keys", "events")
 
     # -- lookups (hot path: memory only) -------------------------------------------------------
 

@@ -63,7 +63,7 @@ class Limiter:
         self.local_mode = False
 
     def bucket(self, scope: str, dim: str, per_minute: int) -> Bucket:
-        key = self.state.key("gov", "rl", scope, dim)
+        key = self.state.group_key("gov", "rl", scope, dim)
         b = self.buckets.get(key)
         if b is None:
             if len(self.buckets) > 50_000:

@@ -25,7 +25,7 @@ class Processes:
 
     @property
     def key(self) -> str:
-        return self.state.key("gov", "procs")
+        return self.state.group_key("gov", "procs")
 
     async def beat(self) -> None:
         async def run(r: Any) -> int:

@@ -97,7 +97,7 @@ class SpendLedger:
             day = dt.datetime.fromtimestamp(second, dt.UTC).strftime("%Y-%m-%d")
             ids = {p: period_id(p, second) for p in ("day", "week", "month")}
             cached = self._periods = (second, ids, day)
-        return self.state.prefix + "gov:budget:" + scope + ":" + cached[1][period]
+        return self.state.group_key("gov", "budget:") + scope + ":" + cached[1][period]
 
     def day(self, when: float) -> str:
         self.budget_key("", "day", when)  # refreshes the cache
@@ -175,7 +175,7 @@ class SpendLedger:
         async def run(r: Any) -> list[Any]:
             async with r.pipeline(transaction=True) as p:
                 for (day, combo), u in pending.items():
-                    h = self.state.key("gov", "spend", day)
+                    h = self.state.group_key("gov", "spend", day)
                     for suffix, v in (("c", u.cost), ("r", u.requests), ("i", u.input)):
                         if v:
                             p.hincrby(h, combo + _SEP + suffix, v)
@@ -235,7 +235,7 @@ class SpendLedger:
             async def read(r: Any) -> list[Any]:
                 async with r.pipeline(transaction=False) as p:
                     for d in days:
-                        p.hgetall(self.state.key("gov", "spend", d))
+                        p.hgetall(self.state.group_key("gov", "spend", d))
                     return await p.execute()
 
             redis = self.state.redis

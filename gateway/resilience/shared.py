@@ -144,6 +144,9 @@ class SharedBreakers:
             assert self._client is not None
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
+                # A command first: a Redis Cluster client learns its slot map on the first one,
+                # and a subscription made before cannot find the channel's node.
+                await self._client.ping()
                 await pubsub.subscribe(self.channel)
                 self._subscribed.set()
                 self._mark_up()
