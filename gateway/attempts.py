@@ -100,6 +100,19 @@ class Candidates:
                 return self._take(name, member)
         return None
 
+    def hedge(self, pool: str) -> ProviderState | None:
+        """A second member of ``pool`` for a hedged attempt: available now or not at all (no
+        queueing, no probing of open breakers), within the pool's attempt limit."""
+        if self.per_pool.get(pool, 0) >= self.snap.policy.pools[pool].max_attempts:
+            return None
+        member = self.router.pick(self.snap, pool, self.tried, self.key)
+        if member is None:
+            return None
+        self.tried.add(member.name)
+        if not member.breaker.acquire():
+            return None
+        return self._take(pool, member)
+
     def _probe(self, pool: str) -> ProviderState | None:
         """An untried member of ``pool`` whose half-open breaker has a probe slot free."""
         for name in self.snap.policy.pools[pool].members:

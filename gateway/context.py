@@ -31,6 +31,7 @@ class Context:
     ttft_s: float | None = None
     end: float = 0.0
     resumed: bool = False
+    hedged: bool = False  # a second attempt was sent while the first was still running
     failures: list[str] = field(default_factory=list)
     output_chunks: int = 0  # SSE events relayed to the client (streams)
     replay: bool = False  # a deferred request replayed by the gateway itself
@@ -64,6 +65,8 @@ class Context:
             h["x-gateway-attempts"] = str(self.attempts)
         if self.degraded:
             h["x-gateway-degraded"] = "true"
+        if self.hedged:
+            h["x-gateway-hedged"] = "true"
         if self.extra_headers:
             h.update(self.extra_headers)
         return h

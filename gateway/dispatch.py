@@ -32,6 +32,7 @@ from gateway.redact import Redactor, sanitize_message
 from gateway.resilience.admission import Admission
 from gateway.resilience.budget import RetryBudget
 from gateway.resilience.failures import failure_kind
+from gateway.resilience.hedge import HedgeTracker
 from gateway.resilience.retry import Retrier, RetrySettings
 from gateway.router import Router
 from gateway.routing.member import SignalKind, latency_signal
@@ -81,6 +82,22 @@ def attempt_error(exc: Exception) -> UpstreamFailure:
     return UpstreamFailure("attempt_error", type(exc).__name__)
 
 
+async def _attempt(call: Call[T], member: ProviderState) -> T:
+    """One attempt, with any unexpected exception turned into that attempt's failure."""
+    try:
+        return await call(member)
+    except UpstreamFailure:
+        raise
+    except Exception as e:
+        raise attempt_error(e) from None
+
+
+async def _discard(result: Any) -> None:
+    """Free what a losing attempt holds (an open stream's connection)."""
+    if isinstance(result, UpstreamStream):
+        await result.aclose()
+
+
 class PassThrough(Exception):
     """A non-retryable provider answer (4xx) for the client, re-wrapped in the gateway's shape."""
 
@@ -97,7 +114,9 @@ class Dispatcher:
         self.router = router
         self.admission = Admission()
         self.budget = RetryBudget()
+        self.hedges = HedgeTracker()
         self._retriers: dict[int, Retrier] = {}
+        self._reapers: set[asyncio.Task[None]] = set()
 
     def retrier(self, snap: Snapshot) -> Retrier:
         r = self._retriers.get(id(snap))
@@ -144,7 +163,8 @@ class Dispatcher:
         """Try candidates in turn until `call(member)` succeeds; returns (result, member, start).
 
         Every failure is settled (breaker, latency estimate, admission); a non-retryable 4xx goes
-        back to the client as it is; retries stop when the retrier says so.
+        back to the client as it is; retries stop when the retrier says so. In a pool that
+        hedges, the first attempt may race a second one (see `_race`).
         """
         retrier = self.retrier(snap)
         last: UpstreamFailure | None = None
@@ -153,27 +173,141 @@ class Dispatcher:
             attempt += 1
             start = member.member.begin()
             member.requests += 1
+            hedge = snap.pools[ctx.pool].config.hedge
+            if hedge.enabled:
+                if attempt == 1:
+                    won, extra = await self._race(snap, candidates, ctx, call, member, start)
+                    attempt += extra
+                    if not isinstance(won, UpstreamFailure):
+                        return won
+                    last = won
+                    if not await self._next_attempt(retrier, attempt, won):
+                        break
+                    continue
+                pool = ctx.pool
             try:
                 try:
-                    return await call(member), member, start
+                    result = await call(member)
                 except UpstreamFailure:
                     raise
                 except Exception as e:  # never a 500: a failure of this attempt like any other
                     raise attempt_error(e) from None
             except UpstreamFailure as f:
                 last = f
-                settle_failure(member, f, time.monotonic() - start, ctx, self.admission)
-                if f.kind in CLIENT_ERRORS:
-                    hosts = (urlsplit(member.config.base_url).hostname or "",)
-                    raise PassThrough(
-                        self.passthrough_error(f, ctx, snap.redactor, hosts)
-                    ) from None
+                self._failed(snap, member, f, time.monotonic() - start, ctx)
                 if not await self._next_attempt(retrier, attempt, f):
                     break
             except BaseException:
                 settle_cancelled(member, self.admission)
                 raise
+            else:
+                if hedge.enabled:
+                    self.hedges.observe(pool, time.monotonic() - start)
+                return result, member, start
         raise self.exhausted(last, candidates)
+
+    def _failed(
+        self,
+        snap: Snapshot,
+        member: ProviderState,
+        f: UpstreamFailure,
+        elapsed: float,
+        ctx: Context,
+    ) -> None:
+        """Settle a failed attempt; a provider's 4xx goes back to the client (PassThrough)."""
+        settle_failure(member, f, elapsed, ctx, self.admission)
+        if f.kind in CLIENT_ERRORS:
+            hosts = (urlsplit(member.config.base_url).hostname or "",)
+            raise PassThrough(self.passthrough_error(f, ctx, snap.redactor, hosts)) from None
+
+    async def _race(
+        self,
+        snap: Snapshot,
+        candidates: Candidates,
+        ctx: Context,
+        call: Call[T],
+        first: ProviderState,
+        start: float,
+    ) -> tuple[tuple[T, ProviderState, float] | UpstreamFailure, int]:
+        """The first attempt of a request in a hedging pool, and at most one hedge.
+
+        When the first attempt has not answered after the pool's hedge delay, the same request
+        goes to a second member (if one is free now and the retry budget allows); the first
+        success wins and the other attempt is cancelled. Returns the winner, or the last failure
+        when both failed, and the number of hedges sent (0 or 1).
+        """
+        pool = ctx.pool
+        settings = snap.pools[pool].config.hedge
+        running: dict[asyncio.Task[T], tuple[ProviderState, float, str]] = {
+            asyncio.ensure_future(_attempt(call, first)): (first, start, first.name)
+        }
+        deadline = start + self.hedges.delay_s(pool, settings)
+        hedged = False
+        last: UpstreamFailure | None = None
+        try:
+            while running:
+                wait = None if hedged else max(0.0, deadline - time.monotonic())
+                done, _ = await asyncio.wait(
+                    running, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    hedged = True
+                    second = self._hedge(candidates, pool)
+                    if second is not None:
+                        ctx.hedged = True
+                        task = asyncio.ensure_future(_attempt(call, second))
+                        running[task] = (second, second.member.begin(), second.name)
+                        second.requests += 1
+                    continue
+                for task in done:
+                    member, began, name = running.pop(task)
+                    try:
+                        result = task.result()
+                    except UpstreamFailure as f:
+                        last = f
+                        self._failed(snap, member, f, time.monotonic() - began, ctx)
+                        continue
+                    ctx.pool, ctx.provider = pool, name
+                    self.hedges.observe(pool, time.monotonic() - began)
+                    if ctx.hedged:
+                        self.hedges.count(pool, won=member is not first)
+                    return (result, member, began), int(ctx.hedged)
+        finally:
+            if running:  # losers and leftovers: cancelled and settled without delaying the winner
+                reaper = asyncio.ensure_future(self._reap(snap, ctx, running))
+                self._reapers.add(reaper)
+                reaper.add_done_callback(self._reapers.discard)
+        if ctx.hedged:
+            self.hedges.count(pool, won=False)
+        assert last is not None
+        return last, int(ctx.hedged)
+
+    def _hedge(self, candidates: Candidates, pool: str) -> ProviderState | None:
+        """A member for the hedge, if one is free now and the retry budget has a token."""
+        if not self.budget.try_spend():
+            return None
+        return candidates.hedge(pool)
+
+    async def _reap(
+        self,
+        snap: Snapshot,
+        ctx: Context,
+        running: dict[asyncio.Task[Any], tuple[ProviderState, float, str]],
+    ) -> None:
+        """Cancel the attempts that lost a race and settle each exactly once."""
+        for task in running:
+            task.cancel()
+        for task, (member, _began, _) in running.items():
+            try:
+                result = await task
+            except UpstreamFailure as f:
+                settle_failure(member, f, 0.0, ctx, self.admission)
+                continue
+            except BaseException:  # noqa: BLE001 - cancelled: the loser of the race
+                settle_cancelled(member, self.admission)
+                continue
+            settle_cancelled(member, self.admission)  # answered too, but later than the winner
+            await _discard(result)
 
     async def unary(
         self, snap: Snapshot, acc: Accepted, decision: Decision, ctx: Context

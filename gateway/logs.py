@@ -61,6 +61,7 @@ def access_record(ctx: Context, bodies: bool = False) -> dict[str, Any]:
         "cache": ctx.cache,
         "degraded": ctx.degraded,
         "resumed": ctx.resumed,
+        "hedged": ctx.hedged,
         "total_ms": round((ctx.end - ctx.start) * 1000, 3),
         "ttft_ms": None if ctx.ttft_s is None else round(ctx.ttft_s * 1000, 3),
         "cost_usd": ctx.cost_usd,

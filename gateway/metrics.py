@@ -252,6 +252,17 @@ class GatewayCollector(Collector):
         budget.add_metric(["requests"], requests)
         budget.add_metric(["retries"], retries)
         yield budget
+        tracker = self.pipeline.dispatcher.hedges
+        hedges = CounterMetricFamily(
+            "gateway_hedges",
+            "Hedged attempts sent (a second member asked while the first was slow), and those "
+            "that answered first.",
+            labels=["pool", "outcome"],
+        )
+        for pool, sent in tracker.sent.items():
+            hedges.add_metric([pool, "sent"], sent)
+            hedges.add_metric([pool, "won"], tracker.won.get(pool, 0))
+        yield hedges
         yield CounterMetricFamily(
             "gateway_deferred_enqueued", "Requests queued for replay.", value=self.fallbacks.queued
         )

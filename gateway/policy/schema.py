@@ -19,6 +19,7 @@ from gateway.governance.settings import Governance
 from gateway.replicas import ReplicaSettings
 from gateway.resilience.admission import QueueSettings
 from gateway.resilience.breaker import BreakerSettings
+from gateway.resilience.hedge import HedgeSettings
 from gateway.resilience.retry import RetrySettings
 from gateway.routing.affinity import AffinitySettings
 from gateway.routing.balancer import BalancerSettings
@@ -149,6 +150,10 @@ class Pool(Strict):
     fallback: list[Name] = Field(default_factory=list, description="Pools tried next, in order.")
     max_attempts: int = Field(3, ge=1, le=10, description="Upstream attempts in this pool.")
     queue: QueueSettings = QueueSettings()
+    hedge: HedgeSettings = Field(
+        default_factory=HedgeSettings,
+        description="Hedged requests (off by default): a second member when the first is slow.",
+    )
 
 
 class CachePolicy(Strict):
