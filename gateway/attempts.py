@@ -198,6 +198,13 @@ def settle_failure(
     admission.released()
 
 
+def settle_outrun(member: ProviderState, elapsed_s: float, admission: Admission) -> None:
+    """An attempt cancelled because another one answered first (see Member.outrun)."""
+    member.member.outrun(elapsed_s)
+    member.breaker.release()
+    admission.released()
+
+
 def settle_cancelled(member: ProviderState, admission: Admission) -> None:
     member.member.release()
     member.breaker.release()

@@ -23,7 +23,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from gateway.accept import PATHS, Accepted
-from gateway.attempts import Candidates, settle_cancelled, settle_failure, settle_success
+from gateway.attempts import (
+    Candidates,
+    settle_cancelled,
+    settle_failure,
+    settle_outrun,
+    settle_success,
+)
 from gateway.chunks import StreamAssembler
 from gateway.context import Context
 from gateway.decide import Decision
@@ -268,7 +274,12 @@ class Dispatcher:
                         self._failed(snap, member, f, time.monotonic() - began, ctx)
                         continue
                     ctx.pool, ctx.provider = pool, name
-                    self.hedges.observe(pool, time.monotonic() - began)
+                    now = time.monotonic()
+                    # The attempts still running took at least this long: counting them keeps
+                    # the observed percentile from drifting down to the hedges' quick answers.
+                    for _, loser_began, _ in running.values():
+                        self.hedges.observe(pool, now - loser_began)
+                    self.hedges.observe(pool, now - began)
                     if ctx.hedged:
                         self.hedges.count(pool, won=member is not first)
                     return (result, member, began), int(ctx.hedged)
@@ -295,16 +306,21 @@ class Dispatcher:
         running: dict[asyncio.Task[Any], tuple[ProviderState, float, str]],
     ) -> None:
         """Cancel the attempts that lost a race and settle each exactly once."""
+        cancelled_at = time.monotonic()
+        # Time to an answer compares with a ttft or total estimate, not with time per token.
+        timed = snap.pools[ctx.pool].config.latency_signal != "per_token"
         for task in running:
             task.cancel()
-        for task, (member, _began, _) in running.items():
+        for task, (member, began, _) in running.items():
             try:
                 result = await task
             except UpstreamFailure as f:
                 settle_failure(member, f, 0.0, ctx, self.admission)
                 continue
             except BaseException:  # noqa: BLE001 - cancelled: the loser of the race
-                settle_cancelled(member, self.admission)
+                # Slower than the winner: a slow primary must not keep drawing traffic because
+                # its hedges hide its latency (only ever raises the estimate).
+                settle_outrun(member, cancelled_at - began if timed else 0.0, self.admission)
                 continue
             settle_cancelled(member, self.admission)  # answered too, but later than the winner
             await _discard(result)

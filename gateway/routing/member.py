@@ -202,6 +202,16 @@ class Member:
         self.last_error_at = now
         self.last_error_kind = error_kind or "error"
 
+    def outrun(self, elapsed_s: float) -> None:
+        """Finish a request abandoned after `elapsed_s` without an answer because another
+        member answered first (a hedge race): this member was at least that slow, which only
+        ever raises its estimate; not a failure."""
+        if self.inflight > 0:
+            self.inflight -= 1
+        now = self._clock()
+        if elapsed_s > self.ewma.estimate(now):
+            self.ewma.observe(elapsed_s, now)
+
     def release(self) -> None:
         """Finish a request without recording anything (e.g. cancelled by the client)."""
         if self.inflight > 0:
