@@ -1,0 +1,113 @@
+"""`gateway serve --workers 2`: a worker killed with SIGKILL is replaced by the parent, and the
+replica keeps answering meanwhile (requests in flight on the killed worker are lost: README)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadtests.simulator.testing import Fleet, run_fleet
+from tests.support import free_port, wait_http
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    with run_fleet([{"name": "a", "profile": "fast"}]) as f:
+        yield f
+
+
+def children(pid: int) -> set[int]:
+    """Live child processes of ``pid`` (from /proc: no extra dependency)."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(entry.name))
+    return out
+
+
+def workers(pid: int) -> set[int]:
+    """The uvicorn worker processes (the parent may also have helper children)."""
+    found = set()
+    for child in children(pid):
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmd:  # not the resource tracker
+            found.add(child)
+    return found
+
+
+def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    if sys.platform != "linux":
+        pytest.skip("reads /proc")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"providers:\n  a: {{base_url: '{fleet.url('a')}'}}\n"
+        "pools:\n  main: {members: [a]}\nmodels:\n  chat: {pool: main}\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
+        + ["--policy", str(policy), "--workers", "2", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "GATEWAY_ACCESS_LOG": "0"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    try:
+        wait_http(url + "/health", proc)
+        deadline = time.monotonic() + 20
+        while len(workers(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = workers(proc.pid)
+        assert len(before) == 2, before
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        while victim in children(proc.pid):  # gone (or a zombie): it accepts nothing any more
+            time.sleep(0.005)
+        answered = failed = 0
+        replaced_after = None
+        while time.monotonic() - killed_at < 10:
+            try:
+                r = httpx.post(url + "/v1/chat/completions", json=body, timeout=2)
+                answered += r.status_code == 200
+                failed += r.status_code != 200
+            except httpx.HTTPError:
+                failed += 1
+            now = workers(proc.pid)
+            if replaced_after is None and len(now) == 2 and victim not in now:
+                replaced_after = time.monotonic() - killed_at
+            if replaced_after is not None and answered >= 20:
+                break
+        assert replaced_after is not None, "the killed worker was not replaced"
+        assert replaced_after < 5.0
+        assert answered >= 20
+        # New connections go to live workers: none of these requests was in flight on the
+        # killed worker, so none may fail.
+        assert failed == 0
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
