@@ -354,8 +354,8 @@ class UpstreamClient:
 
         The whole generation precedes the headers, so they are due within
         `timeouts.unary_headers_s(max_tokens)` (first_byte_timeout); the body then arrives with
-        gaps under idle_s and is complete by that limit plus idle_s (idle_timeout: a stall or a
-        slow trickle); total_s bounds the whole (total_timeout).
+        gaps under idle_s and is complete by that limit or idle_s after the headers, whichever
+        is later (idle_timeout: a stall or a slow trickle); total_s bounds the whole.
         """
         self._hold()
         try:
@@ -384,9 +384,10 @@ class UpstreamClient:
         except (aiohttp.ClientError, OSError) as e:
             raise UpstreamFailure("connect_error", type(e).__name__) from None
         # The answer is ready upstream once its headers are here: its body comes in gaps under
-        # idle_s and is complete by head_s + idle_s (a stall or a slow trickle fails over).
+        # idle_s, complete by the headers' own limit or idle_s after them, whichever is later
+        # (a stall or a slow trickle fails over in seconds).
         total_end = start + timeouts.total_s
-        end = min(total_end, start + head_s + timeouts.idle_s)
+        end = min(total_end, max(start + head_s, time.monotonic() + timeouts.idle_s))
         ok = False
         try:
             async with asyncio.timeout(max(0.0, end - time.monotonic())):

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from loadtests.bench.stats import percentiles
-from loadtests.chaos import start_gateway
+from loadtests.chaos_procs import start_gateway
 from loadtests.simulator.testing import Fleet, spawn_fleet
 
 MEMBERS = ("h1", "h2", "h3")
