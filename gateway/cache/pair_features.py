@@ -415,6 +415,8 @@ _ALIASES = {
     "g": "gram", "grams": "gram", "lbs": "pound", "lb": "pound", "mins": "minutes",
     "hrs": "hours", "min": "minute", "ai": "artificial intelligence", "ml": "machine learning",
     "tv": "television", "pc": "computer", "2fa": "two-factor",
+    "ww2": "second world war", "wwii": "second world war", "ww1": "first world war",
+    "wwi": "first world war",
 }  # fmt: skip
 _ABSENCE = re.compile(r"\b(?:in the absence of|absent|lack of|lacking)\b")
 
@@ -440,6 +442,7 @@ FEATURES = (
     "direction_flip",
     "entities_missing",
     "entity_order",
+    "passive_differs",
     "guard_number",
     "guard_negation",
     "guard_entity",
@@ -462,7 +465,8 @@ def _stem(word: str) -> str:
 
 class _Text:
     __slots__ = ("bigrams", "char3", "compact", "content", "lower", "negations", "numbers",
-                 "operators", "raw", "words", "entities", "direction")  # fmt: skip
+                 "operators", "raw", "words", "entities", "direction", "flat",
+                 "passive")  # fmt: skip
 
     def __init__(self, raw: str) -> None:
         self.raw = raw
@@ -474,9 +478,9 @@ class _Text:
         self.content = [_stem(w) for w in words if w not in _STOP and not w.isdigit()]
         self.bigrams = set(zip(words, words[1:], strict=False))
         # both spellings: "Huggingface.js" must find "hugging face.js", "JS" "javascript"
-        self.compact = (
-            re.sub(r"[^a-z0-9+#]", "", lower) + "|" + re.sub(r"[^a-z0-9+#]", "", " ".join(words))
-        )
+        self.flat = re.sub(r"[^a-z0-9+#]", "", lower)
+        self.compact = self.flat + "|" + re.sub(r"[^a-z0-9+#]", "", " ".join(words))
+        self.passive = bool(guards._PASSIVE.search(lower))
         self.char3 = {self.compact[i : i + 3] for i in range(max(1, len(self.compact) - 2))}
         self.numbers = tuple(w for w in words if w[0].isdigit())
         negs = sum(1 for w in words if w.replace("'", "").replace("’", "") in _NEGATIONS)
@@ -570,10 +574,18 @@ def _entities_missing(q: _Text, c: _Text) -> int:
 
 
 def _entity_order(q: _Text, c: _Text) -> float:
-    shared = [e for e in dict.fromkeys(q.entities) if e and e in c.entities]
+    """1 when names found in both texts (capitalised in either) come in another order, once the
+    voice is accounted for ("X beat Y" / "Y was beaten by X" keep their meaning)."""
+    shared = [
+        e for e in dict.fromkeys(q.entities + c.entities) if e and e in q.flat and e in c.flat
+    ]
     if len(shared) < 2:
         return 0.0
-    return 1.0 if sorted(shared, key=c.entities.index) != shared else 0.0
+    q_order = sorted(shared, key=q.flat.find)
+    c_order = sorted(shared, key=c.flat.find)
+    if q.passive != c.passive:
+        c_order.reverse()
+    return 1.0 if q_order != c_order else 0.0
 
 
 _SPACING = re.compile(r"[\s?!.,;:]+")
@@ -625,6 +637,7 @@ def features(query: str, candidate: str, cosine: float) -> list[float]:
         float(direction_flip),
         float(_entities_missing(q, c)),
         _entity_order(q, c),
+        float(q.passive != c.passive),
         float(guard["numbers"]),
         float(guard["negation"]),
         float(guard["entities"]),
