@@ -242,32 +242,43 @@ class SemanticCache:
             log.exception("semantic cache lookup failed")
             return SemanticLookup("skipped", reason="error")
 
-    def _refusal(self, text: str, candidate: str, sim: float, gs: GuardSettings) -> str | None:
-        """Why `candidate` may not answer `text` (None: serve it)."""
-        if self.verifier is None:
-            return guards.check(text, candidate, gs)
-        p = self.verifier.probability(text, candidate, sim)
-        return None if p >= self._verifier_threshold else "verifier"
-
     def _match(
         self, namespace: str, text: str, vector: np.ndarray, limit: float, gs: GuardSettings
     ) -> SemanticLookup:
-        """Runs on the worker thread: search, then judge candidates above the threshold in turn."""
+        """Runs under the index lock: search, then judge the candidates above the threshold.
+
+        The verifier scores every candidate and the most probable one that passes is served (in
+        a crowded namespace the closest vector is not always the same question); the guards take
+        the first candidate, by similarity, that none of them refuses.
+        """
         found = self.index.search(namespace, vector, self.settings.top_k, self._clock())
         best = found[0][0] if found else None
-        first_reason = None
-        for sim, entry in found:
-            if sim < limit:
-                break
-            reason = self._refusal(text, entry.text, sim, gs)
-            if reason is None:
-                self.index.touch(entry.entry_id)
-                hit = SemanticHit(entry.entry_id, sim, entry.response, entry.text)
-                return SemanticLookup("hit", hit, similarity=sim, vector=vector)
-            first_reason = first_reason or reason
-        if first_reason is not None:
-            return SemanticLookup("rejected", reason=first_reason, similarity=best, vector=vector)
-        return SemanticLookup("miss", similarity=best, vector=vector)
+        candidates = [(sim, entry) for sim, entry in found if sim >= limit]
+        if not candidates:
+            return SemanticLookup("miss", similarity=best, vector=vector)
+        chosen: tuple[float, Entry] | None = None
+        reason = "verifier"
+        if self.verifier is not None:
+            top = -1.0
+            for sim, entry in candidates:
+                p = self.verifier.probability(text, entry.text, sim)
+                if p >= self._verifier_threshold and p > top:
+                    top, chosen = p, (sim, entry)
+        else:
+            first_reason = None
+            for sim, entry in candidates:
+                refused = guards.check(text, entry.text, gs)
+                if refused is None:
+                    chosen = (sim, entry)
+                    break
+                first_reason = first_reason or refused
+            reason = first_reason or "guards"
+        if chosen is None:
+            return SemanticLookup("rejected", reason=reason, similarity=best, vector=vector)
+        sim, entry = chosen
+        self.index.touch(entry.entry_id)
+        hit = SemanticHit(entry.entry_id, sim, entry.response, entry.text)
+        return SemanticLookup("hit", hit, similarity=sim, vector=vector)
 
     async def store(
         self,
