@@ -121,7 +121,12 @@ class Pipeline:
         self.observers: list[Callable[[Context], None]] = []
         self.tracing = Tracing()  # off; see gateway.telemetry
         self.governance = GovernanceService(self.state, runtime)
+        self.governance.fair.waiting = self._pool_waiting
         self.observers.append(self.governance.record)  # first: sets the cost others log
+
+    def _pool_waiting(self, pool: str) -> bool:
+        stats = self.dispatcher.admission.stats.get(pool)
+        return stats is not None and stats.depth > 0
 
     def observe(self, observer: Callable[[Context], None] | None) -> None:
         """Register a record-step observer (metrics, logs, traces); None is skipped."""

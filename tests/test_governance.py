@@ -6,6 +6,7 @@ project's simulator or a capture server with fixed usage (5 prompt + 3 completio
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -257,3 +258,57 @@ def test_keys_without_redis(fleet, gateway, monkeypatch) -> None:
     assert post(gw, "anything").status_code == 401
     key = httpx.post(gw.url + "/admin/keys", json={"tenant": "solo"}).json()["key"]
     assert [post(gw, key).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_fair_share_of_a_pool(fleet, gateway, shared) -> None:
+    """A tenant over half the pool's max_inflight lets another tenant's waiting request go first."""
+    text = f"""
+governance:
+  tenants:
+    team-a: {{max_pool_share: 0.5}}
+providers:
+  s: {{base_url: '{fleet.url("slow")}', models: {{'*': sim}}, max_inflight: 4}}
+pools:
+  main: {{members: [s], queue: {{max_wait_s: 10, max_depth: 100}}}}
+models:
+  chat: {{pool: main}}
+"""
+    gw = gateway(text, redis_url=shared)
+    slow = {**CHAT, "max_tokens": 10}  # ~0.5 s each on the slow member
+
+    async def run() -> tuple[list[tuple[float, float]], float, float]:
+        async with httpx.AsyncClient(timeout=30) as c:
+
+            async def one(key: str) -> tuple[float, float]:
+                start = time.monotonic()
+                r = await c.post(
+                    gw.base_url + "/chat/completions",
+                    json=slow,
+                    headers={"authorization": f"Bearer {key}"},
+                )
+                assert r.status_code == 200, r.text
+                return start, time.monotonic()
+
+            a = [asyncio.create_task(one("key-a")) for _ in range(12)]
+            await asyncio.sleep(0.2)  # team-a fills the pool and its queue
+            b_start, b_end = await one("key-b")
+            return await asyncio.gather(*a), b_start, b_end
+
+    a_times, b_start, b_end = asyncio.run(run())
+    a_last = max(end for _, end in a_times)
+    service = min(end - start for start, end in a_times)
+    print(
+        f"\nteam-b waited {b_end - b_start:.2f} s; team-a's last ended after "
+        f"{a_last - min(s for s, _ in a_times):.2f} s (one request: {service:.2f} s)"
+    )
+    # team-b got the first free slot: one service time of waiting at most, not three batches.
+    assert b_end - b_start < 2.2 * service
+    assert b_end < a_last - 0.5 * service
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert "gateway_fair_share_held_total" in metrics
+    held = next(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("gateway_fair_share_held_total")
+    )
+    assert held > 0

@@ -71,6 +71,16 @@ class GovernanceCollector(Collector):
             value=gov.procs.count,
         )
         yield CounterMetricFamily(
+            "gateway_fair_share_held",
+            "Requests held because their tenant was over its pool share while others waited.",
+            value=gov.fair.held,
+        )
+        yield CounterMetricFamily(
+            "gateway_fair_share_refused",
+            "Requests refused (429) after waiting for their tenant's pool share.",
+            value=gov.fair.refused,
+        )
+        yield CounterMetricFamily(
             "gateway_spend_flush_failures",
             "Spend writes to Redis that failed (kept and retried).",
             value=gov.ledger.flush_failures,

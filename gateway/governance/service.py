@@ -22,6 +22,7 @@ from gateway.auth import hash_key
 from gateway.errors import model_not_found, unauthorized
 from gateway.governance.answers import duration, over_budget, rate_limited
 from gateway.governance.concurrency import Concurrency, Slots
+from gateway.governance.fairshare import FairShare
 from gateway.governance.keys import KEY_PREFIX, KeyRecord, KeyStore
 from gateway.governance.lease import Leases
 from gateway.governance.limits import Bucket, Limiter
@@ -62,6 +63,7 @@ class Ticket:
     hide_usage: bool = False
     watch_stream: bool = False
     usage: tuple[int, int] | None = None  # (prompt, completion) seen in a stream
+    fair_pool: str | None = None  # counted in this pool's fair share
 
     def stream_event(self, ev: bytes) -> bytes | None:
         """Take the usage from a stream; hide it when the client did not ask for it."""
@@ -105,6 +107,7 @@ class GovernanceService:
         self.limiter = Limiter(state, self.procs)
         self.concurrency = Concurrency(state, self.procs)
         self.leases = Leases(state, self.limiter, self.concurrency)
+        self.fair = FairShare()
         self.ledger = SpendLedger(state)
         self.stats = GovStats()
         self._soft_logged: set[str] = set()
@@ -210,12 +213,27 @@ class GovernanceService:
                     else f"Too many concurrent requests for {p.tenant}."
                 )
                 raise rate_limited(message, wait, ctx.extra_headers or {})
+        share = g.tenant(p.tenant).max_pool_share
+        if share is not None and decision.chain:
+            try:
+                if await self.fair.enter(snap, decision.chain[0], p.tenant, share):
+                    ticket.fair_pool = decision.chain[0]
+            except BaseException:
+                self._undo(wants, ticket.slots)
+                raise
         if acc.stream and g.stream_usage and acc.endpoint != "embeddings":
             ticket.watch_stream = True
             opts = acc.body.get("stream_options") or {}
             ticket.hide_usage = not opts.get("include_usage")
         ctx.governance = ticket
         self.stats.admitted(p.tenant, p.key_id)
+
+    def _undo(self, wants: list[tuple[Bucket, float]], slots: list[Slots]) -> None:
+        """A request refused after its limits were taken: give them back."""
+        for b, n in wants:
+            self.limiter.give_back(b, n)
+        if slots:
+            self.concurrency.release(slots)
 
     def upstream(self, acc: Accepted, ctx: Context) -> Accepted:
         """The request as sent upstream: asks for stream usage when the client did not."""
@@ -290,6 +308,8 @@ class GovernanceService:
         if t is None:
             return
         ctx.governance = None  # once
+        if t.fair_pool is not None:
+            self.fair.leave(t.fair_pool, t.principal.tenant)
         if t.slots:
             self.concurrency.release(t.slots)
         prompt = completion = 0

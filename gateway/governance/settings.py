@@ -96,6 +96,13 @@ class TenantPolicy(_Strict):
         default=None,
         description="Over the soft budget, the tenant's requests go to this (cheaper) pool.",
     )
+    max_pool_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="At most this share of a pool's max_inflight while other tenants' requests "
+        "wait for that pool (fair queueing); the whole pool when nobody else waits.",
+    )
 
 
 class KeyPolicy(_Strict):
