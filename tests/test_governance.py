@@ -312,3 +312,15 @@ models:
         if line.startswith("gateway_fair_share_held_total")
     )
     assert held > 0
+
+
+def test_metric_labels_are_bounded() -> None:
+    from gateway.governance.stats import MAX_KEYS, MAX_TENANTS, OTHER, GovStats
+
+    stats = GovStats()
+    for i in range(MAX_TENANTS + 50):
+        stats.admitted(f"t{i}", f"k{i}")
+    tenants = {t for t, _ in stats.series}
+    keys = {k for _, k in stats.series}
+    assert len(tenants) == MAX_TENANTS + 1 and OTHER in tenants
+    assert len(keys) <= MAX_KEYS + 1

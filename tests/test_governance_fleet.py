@@ -221,14 +221,14 @@ def test_revoked_key_refused_by_every_replica_within_a_second(stack) -> None:
     assert {s for s, _ in after} <= {200, 401}
 
 
-async def _steady(urls: list[str], seconds: float, statuses: list[int]) -> None:
+async def _steady(urls: list[str], keys: list[str], seconds: float, statuses: list[int]) -> None:
     async with aiohttp.ClientSession() as s:
         stop = time.monotonic() + seconds
 
         async def sender(i: int) -> None:
             while time.monotonic() < stop:
                 try:
-                    status, _, _ = await _send(s, urls[i % 2], "steady-key")
+                    status, _, _ = await _send(s, urls[i % 2], keys[i % len(keys)])
                 except aiohttp.ClientError:
                     status = -1
                 statuses.append(status)
@@ -240,9 +240,13 @@ async def _steady(urls: list[str], seconds: float, statuses: list[int]) -> None:
 def test_redis_killed_mid_run_fails_no_request(stack) -> None:
     urls, redis = stack
     statuses: list[int] = []
+    # A managed key too: known keys keep working while Redis is away.
+    managed = httpx.post(urls[0].removesuffix("/v1") + "/admin/keys", json={"tenant": "steady"})
+    keys = ["steady-key", managed.json()["key"]]
+    time.sleep(0.3)
 
     async def run() -> None:
-        task = asyncio.create_task(_steady(urls, 4.0, statuses))
+        task = asyncio.create_task(_steady(urls, keys, 4.0, statuses))
         await asyncio.sleep(1.0)
         redis.kill()
         await asyncio.sleep(2.0)
