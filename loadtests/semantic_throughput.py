@@ -8,7 +8,8 @@ off, vector memo off so every request really embeds its question) and `plain` (n
 - hits: the questions (~15 or ~30 tokens) are stored once, then `--clients` concurrent clients
   ask them again for `--seconds` (each request embeds, searches and verifies): hits/s, p50, p99;
 - one client: sequential hits (p50), and sequential new questions to `sem` and to `plain`
-  interleaved, so "what a miss adds" is the difference of two medians taken side by side.
+  interleaved, so "what a miss adds" is the difference of two medians taken side by side; the
+  same in a new conversation (earlier turns never seen: an empty namespace, no embedding).
 
 All configurations run at once and are measured in rotating turns (`--rounds`), so the load of
 the shared machine falls on each alike; the figures are medians over rounds.
@@ -67,8 +68,14 @@ def questions(n: int, long: bool) -> list[str]:
     return out
 
 
-def body(model: str, text: str) -> bytes:
+def body(model: str, text: str, earlier: str | None = None) -> bytes:
     msg = [{"role": "user", "content": text}]
+    if earlier is not None:  # a conversation: its earlier turns make its own namespace
+        msg = [
+            {"role": "user", "content": earlier},
+            {"role": "assistant", "content": "Sure."},
+            *msg,
+        ]
     return orjson.dumps({"model": model, "messages": msg, "temperature": 0, "max_tokens": 8})
 
 
@@ -96,12 +103,15 @@ async def burst(gw: str, texts: list[str], clients: int, seconds: float) -> dict
     url = gw + "/chat/completions"
     conn = aiohttp.TCPConnector(limit=clients + 2)
     async with aiohttp.ClientSession(connector=conn) as s:
-        one_hit, miss_sem, miss_plain = [], [], []
+        one_hit, miss_sem, miss_plain, miss_conv, miss_conv_plain = [], [], [], [], []
         for i in range(20):
             one_hit.append((await post(s, url, body("sem", texts[i * 5 % len(texts)])))[0])
             q = f"Unrelated question {uuid.uuid4().hex[:8]} about topic {i}?"
             miss_sem.append((await post(s, url, body("sem", q)))[0])
             miss_plain.append((await post(s, url, body("plain", q + " plain")))[0])
+            first = f"Let us talk about case {uuid.uuid4().hex[:8]}."
+            miss_conv.append((await post(s, url, body("sem", q, first)))[0])
+            miss_conv_plain.append((await post(s, url, body("plain", q, first + " p")))[0])
         lat: list[float] = []
         kinds: dict[str, int] = {}
         stop = time.perf_counter() + seconds
@@ -126,6 +136,8 @@ async def burst(gw: str, texts: list[str], clients: int, seconds: float) -> dict
         "one_hit_p50_ms": statistics.median(one_hit) * 1000,
         "miss_sem_p50_ms": statistics.median(miss_sem) * 1000,
         "miss_plain_p50_ms": statistics.median(miss_plain) * 1000,
+        "miss_conv_p50_ms": statistics.median(miss_conv) * 1000,
+        "miss_conv_plain_p50_ms": statistics.median(miss_conv_plain) * 1000,
     }
 
 
@@ -183,13 +195,15 @@ def main() -> None:
         for length in lengths
     ]  # fmt: skip
     print("\n| workers x batch | questions | hits/s (16 clients) | p50 / p99 ms | one-client hit "
-          "p50 ms | miss p50: semantic on / off ms | served |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          "p50 ms | miss p50: semantic on / off ms | miss in a new conversation: on / off ms "
+          "| served |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for config, length, r in rows:
         print(
             f"| {config} | {length} | {r['hits_per_s']:.0f} | {r['p50_ms']:.1f} / "
             f"{r['p99_ms']:.1f} | {r['one_hit_p50_ms']:.1f} | {r['miss_sem_p50_ms']:.1f} / "
-            f"{r['miss_plain_p50_ms']:.1f} | {r['served_share']:.0%} |"
+            f"{r['miss_plain_p50_ms']:.1f} | {r['miss_conv_p50_ms']:.1f} / "
+            f"{r['miss_conv_plain_p50_ms']:.1f} | {r['served_share']:.0%} |"
         )
 
 

@@ -193,6 +193,7 @@ async def test_too_long_question_is_not_cached(worker: AsyncEmbedder) -> None:
     cache = SemanticCache(_settings(), worker=worker)
     long_q = "Please summarise this: " + "lorem ipsum dolor sit amet " * 60
     assert await cache.store(NS, long_q, b"x") is False
+    await cache.store(NS, "A short question?", b"y")  # so the lookup below searches
     res = await cache.lookup(NS, long_q)
     assert res.outcome == "skipped" and res.reason == "too_long"
 
@@ -344,9 +345,20 @@ async def test_lookup_budget_sends_a_slow_lookup_upstream_and_keeps_its_vector()
                 "temperature": 0}  # fmt: skip
         plan = layer.plan("t", "m", body, SemanticRoute(enabled=True))
         assert plan is not None
+        await layer.cache.store(plan.namespace, "Why is the sea salty?", b"salt")
         assert await layer.lookup(plan) is None and layer.late == 1
         task = layer.store(plan, b"answer")
         assert task is not None and await task
-        assert slow.embedded == 1  # the store used the late lookup's vector
+        assert slow.embedded == 2  # the store used the late lookup's vector
     finally:
         slow.close()
+
+
+async def test_lookup_in_an_empty_namespace_does_not_embed(worker: AsyncEmbedder) -> None:
+    cache = SemanticCache(_settings(), worker=worker)
+    before = worker.embedded + worker.memo_hits
+    res = await cache.lookup("t\x1fm\x1fnew-conversation", "A question never asked here?")
+    assert res.outcome == "miss" and res.reason == "empty_namespace" and res.vector is None
+    assert worker.embedded + worker.memo_hits == before
+    assert await cache.store("t\x1fm\x1fnew-conversation", "A question never asked here?", b"a")
+    assert (await cache.lookup("t\x1fm\x1fnew-conversation", "A question never asked here?")).hit

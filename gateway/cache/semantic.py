@@ -216,6 +216,10 @@ class SemanticCache:
             return SemanticLookup("skipped", reason="no_text")
         if len(text) > s.max_tokens * 8:
             return SemanticLookup("skipped", reason="too_long")
+        if not self.index.has_namespace(namespace):
+            # Nothing cached in this context (every new conversation is a new namespace): a miss
+            # without embedding; the store embeds later, after the response has gone.
+            return SemanticLookup("miss", reason="empty_namespace")
         gs = guard_settings or s.guards
         verifier = self.verifier
         if threshold is not None:

@@ -143,6 +143,11 @@ class SemanticIndex:
     def namespaces(self) -> int:
         return len(self._spaces)
 
+    def has_namespace(self, namespace: str) -> bool:
+        """Whether the namespace holds entries. Safe to call from another thread: a dict lookup
+        is atomic, and a stale answer only turns one lookup into a miss or an empty search."""
+        return namespace in self._spaces
+
     @property
     def index_bytes(self) -> int:
         """Bytes held by the vector matrices (allocated capacity, not only live rows)."""
