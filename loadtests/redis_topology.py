@@ -30,7 +30,7 @@ def missing_binaries() -> str | None:
     return None
 
 
-def _wait(check, what: str, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+def _wait(check, what: str, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -104,7 +104,7 @@ class Cluster:
     def kill(self, port: int) -> None:
         self.servers.kill(port)
 
-    def wait_healthy(self, timeout: float = 15.0) -> None:
+    def wait_healthy(self, timeout: float = 30.0) -> None:
         """Every slot served by a live master, seen from every live node."""
 
         def ok() -> bool:

@@ -7,6 +7,7 @@ replica afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -249,3 +250,55 @@ models:
                 break
             assert time.monotonic() < deadline, keys
             time.sleep(0.1)
+
+
+async def test_semantic_store_writes_scans_and_publishes_on_the_cluster(cluster) -> None:
+    """The semantic cache's entries are spread over the cluster's slots: a rebuild scans every
+    master, and new entries reach other replicas over pub/sub."""
+    import asyncio
+
+    import numpy as np
+
+    from gateway.cache.semantic_index import Entry
+    from gateway.cache.semantic_store import RedisSemanticStore
+    from gateway.redis_client import make_redis
+
+    prefix = f"gwsem:{uuid.uuid4().hex[:6]}:"
+
+    def store(origin: str) -> RedisSemanticStore:
+        client = make_redis(cluster.url, socket_timeout=2)
+        return RedisSemanticStore(
+            client, prefix=prefix, channel=prefix + "new", model_id="m", origin=origin
+        )
+
+    writer, reader = store("one"), store("two")
+    got: list[str] = []
+    ready = asyncio.Event()
+
+    async def on_entries(entries: list[Entry]) -> None:
+        got.extend(e.entry_id for e in entries)
+
+    async def on_subscribed() -> None:
+        return None
+
+    listener = asyncio.create_task(reader.listen(on_entries, on_subscribed, ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        vector = np.ones(4, dtype=np.float32) / 2
+        ids = [f"e{i}" for i in range(30)]
+        for i in ids:
+            entry = Entry(i, "ns", f"question {i}", vector, b"{}", time.time() + 60)
+            assert await writer.put(entry, 60)
+        masters = {cluster.master_of(prefix + i) for i in ids}
+        assert len(masters) == 3  # the entries really are spread over the masters
+        scanned = [e.entry_id async for batch in reader.scan() for e in batch]
+        assert sorted(scanned) == sorted(ids)
+        deadline = time.monotonic() + 10
+        while len(got) < len(ids):
+            assert time.monotonic() < deadline, got
+            await asyncio.sleep(0.05)
+        assert sorted(got) == sorted(ids)
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener

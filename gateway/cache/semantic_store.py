@@ -127,10 +127,18 @@ class RedisSemanticStore:
             return False
         blob = encode_entry(entry, self.model_id, self.origin)
         try:
-            async with asyncio.timeout(self.timeout_s), self._redis.pipeline(False) as pipe:
-                pipe.set(self.prefix + entry.entry_id, blob, px=max(1, int(ttl_s * 1000)))
-                pipe.publish(self.channel, entry.entry_id.encode() + b"\n" + blob)
-                await pipe.execute()
+            px = max(1, int(ttl_s * 1000))
+            message = entry.entry_id.encode() + b"\n" + blob
+            if is_cluster(self._redis):
+                # A cluster pipeline cannot carry PUBLISH (it goes to every node): two commands.
+                async with asyncio.timeout(self.timeout_s):
+                    await self._redis.set(self.prefix + entry.entry_id, blob, px=px)
+                    await self._redis.publish(self.channel, message)
+            else:
+                async with asyncio.timeout(self.timeout_s), self._redis.pipeline(False) as pipe:
+                    pipe.set(self.prefix + entry.entry_id, blob, px=px)
+                    pipe.publish(self.channel, message)
+                    await pipe.execute()
         except Exception as exc:
             self._failed("write", exc)
             return False
