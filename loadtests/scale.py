@@ -122,6 +122,25 @@ class Replica:
         self.proc.wait(10)
 
 
+def group_cpu_s(pgids: set[int]) -> float:
+    """CPU seconds (user + system) used so far by the live processes of these process groups."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) in pgids:  # pgrp
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine so far."""
+    parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = parts[3] + parts[4]
+    return sum(parts) - idle, sum(parts)
+
+
 def wait_http(url: str, timeout: float = 60.0) -> None:
     import urllib.request
 
@@ -211,6 +230,8 @@ class Phase:
     results: list[Result] = field(default_factory=list)
     seconds: float = 0.0
     events: dict[str, float] = field(default_factory=dict)
+    gateway_cpu_s: float = 0.0
+    machine_busy_share: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         ok = [r for r in self.results if r.status == 200]
@@ -229,6 +250,14 @@ class Phase:
             "p50_ms": q(0.5),
             "p99_ms": q(0.99),
             "by_replica": by_upstream,
+            # (not with kills: a killed replica's CPU time leaves with it)
+            "gateway_cores_used": round(self.gateway_cpu_s / self.seconds, 2)
+            if self.seconds and not self.events
+            else None,
+            "gateway_cpu_ms_per_request": round(1000 * self.gateway_cpu_s / len(ok), 3)
+            if ok and not self.events
+            else None,
+            "machine_busy_share": round(self.machine_busy_share, 2),
             "events_s": {k: round(v, 2) for k, v in self.events.items()},
         }
 
@@ -271,6 +300,14 @@ async def closed_loop(
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         await asyncio.gather(run_actions(), *(client(session) for _ in range(clients)))
     phase.seconds = time.monotonic() - start
+
+
+def measure(phase: Phase, pgids: set[int], run: Any) -> None:
+    cpu0, (busy0, total0) = group_cpu_s(pgids), machine_busy()
+    run()
+    phase.gateway_cpu_s = group_cpu_s(pgids) - cpu0
+    busy1, total1 = machine_busy()
+    phase.machine_busy_share = (busy1 - busy0) / max(1, total1 - total0)
 
 
 def main() -> None:
@@ -326,13 +363,20 @@ def main() -> None:
             nginx(tmp / "nginx"),
         ):
             time.sleep(1.5)  # every process has seen every other (3 heartbeats)
+            pgids = {r.proc.pid for r in reps}  # each replica leads its own process group
             phases: dict[str, Phase] = {}
             for name, port in (("1 replica", NGINX_ONE), ("3 replicas", NGINX_ALL)):
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                 # warm-up, then the measured run
                 asyncio.run(closed_loop(url, "fast", a.clients, 2, Phase("warm"), []))
-                phases[name] = Phase(name)
-                asyncio.run(closed_loop(url, "fast", a.clients, a.seconds, phases[name], []))
+                phase = phases[name] = Phase(name)
+                measure(
+                    phase,
+                    pgids,
+                    lambda url=url, phase=phase: asyncio.run(
+                        closed_loop(url, "fast", a.clients, a.seconds, phase, [])
+                    ),
+                )
             for n in ("lim-a", "lim-b"):
                 fleet.reset(n)
             victim = reps[-1]
@@ -349,16 +393,20 @@ def main() -> None:
 
             fault = Phase("faults")
             third = a.fault_seconds / 4
-            asyncio.run(
-                closed_loop(
-                    f"http://127.0.0.1:{NGINX_ALL}/v1/chat/completions",
-                    "limited",
-                    a.clients,
-                    a.fault_seconds,
-                    fault,
-                    [(third, kill_replica)] * (a.kill in ("both", "replica"))
-                    + [(2 * third, kill_master)] * (a.kill in ("both", "master")),
-                )
+            measure(
+                fault,
+                pgids,
+                lambda: asyncio.run(
+                    closed_loop(
+                        f"http://127.0.0.1:{NGINX_ALL}/v1/chat/completions",
+                        "limited",
+                        a.clients,
+                        a.fault_seconds,
+                        fault,
+                        [(third, kill_replica)] * (a.kill in ("both", "replica"))
+                        + [(2 * third, kill_master)] * (a.kill in ("both", "master")),
+                    )
+                ),
             )
             phases["faults"] = fault
             peaks = {n: fleet.stats(n)["active_peak"] for n in ("lim-a", "lim-b")}
