@@ -20,8 +20,11 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.redact import MASK as REDACTED
+from gateway.redact import Redactor
+
 MIB = 1024 * 1024
-MASK = b"[redacted]"  # as gateway.redact.MASK
+MASK = REDACTED.encode()
 
 
 class ResponseLimits(BaseModel):
@@ -151,7 +154,7 @@ class StreamCheck:
 
     __slots__ = ("done", "_carry", "_last", "_limit", "_prev", "_secrets", "_size")
 
-    def __init__(self, limits: ResponseLimits, redact: Any = None) -> None:
+    def __init__(self, limits: ResponseLimits, redact: Redactor | None = None) -> None:
         self._limit = limits.max_stream_bytes
         # The gateway's provider secrets (from a Redactor), replaced wherever they appear.
         self._secrets: tuple[bytes, ...] = redact.secret_bytes if redact is not None else ()
