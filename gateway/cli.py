@@ -105,7 +105,11 @@ def serve(
     os.environ["GATEWAY_WORKERS"] = str(workers)  # each worker's share of the limits
     metrics_tmp = _metrics_dir(workers)
     try:
-        uvicorn.run(
+        # Several workers: uvicorn's supervisor, made to stop accepting at once on SIGTERM.
+        from gateway.drain import serve_workers
+
+        run = uvicorn.run if workers == 1 else serve_workers
+        run(
             "gateway.server:build_app",
             factory=True,
             host=host,

@@ -57,3 +57,34 @@ class Drain:
             previous(sig, frame)
         elif previous == signal.SIG_DFL:
             raise SystemExit(128 + sig)
+
+
+def serve_workers(app: str, **options: Any) -> None:
+    """`uvicorn.run` for several workers, with a supervisor that stops accepting on SIGTERM.
+
+    uvicorn's supervisor keeps its copy of the listening socket open until every worker has
+    exited, so during a drain the kernel still completes new connections that nobody will ever
+    serve (they hang, then are reset). Closing the supervisor's copy first means that once the
+    workers close theirs (at the start of their drain) new connections are refused at once, and
+    a client or load balancer moves on to another replica.
+    """
+    import uvicorn
+    from uvicorn.supervisors.multiprocess import Multiprocess
+
+    class DrainingMultiprocess(Multiprocess):
+        def _stop_accepting(self) -> None:
+            for sock in self.sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+        def handle_term(self) -> None:
+            self._stop_accepting()
+            super().handle_term()
+
+        def handle_int(self) -> None:
+            self._stop_accepting()
+            super().handle_int()
+
+    config = uvicorn.Config(app, **options)
+    sock = config.bind_socket()
+    DrainingMultiprocess(config, sockets=[sock]).run()

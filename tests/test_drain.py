@@ -48,12 +48,16 @@ def start(
     return proc, base
 
 
-def not_ready(base: str) -> bool:
-    """Not ready = /ready answers 503 or nothing accepts the connection any more."""
+def refused(base: str) -> bool:
+    """Stopped accepting: a new connection is refused at once (not accepted and left hanging).
+    Not ready either: a load balancer's or kubelet's probe fails."""
     try:
-        return httpx.get(f"{base}/ready", timeout=0.5).status_code == 503
-    except httpx.HTTPError:
+        httpx.get(f"{base}/ready", timeout=2)
+    except httpx.ConnectError:
         return True
+    except httpx.HTTPError:
+        return False  # accepted, then nothing: a hang is not "stopped accepting"
+    return False
 
 
 class Stream(threading.Thread):
@@ -89,18 +93,19 @@ class Stream(threading.Thread):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigterm_mid_stream_lets_the_stream_finish(tmp_path, fleet, workers: int) -> None:
-    # The "slow" simulator decodes ~20 tokens/s alone: 40 tokens take about 2 s.
+    # The "slow" simulator decodes ~20 tokens/s alone: 80 tokens take about 4 s.
     proc, base = start(tmp_path, fleet.url("slow"), drain_s=15, workers=workers)
     try:
-        stream = Stream(base, max_tokens=40)
+        stream = Stream(base, max_tokens=80)
         stream.start()
         assert stream.first.wait(10)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 3
-        while not not_ready(base):
-            assert time.monotonic() < deadline, "still ready after SIGTERM"
+        while not refused(base):
+            assert time.monotonic() < deadline, "still accepting connections after SIGTERM"
             time.sleep(0.05)
+        assert stream.is_alive(), "the stream ended before the check: it proves nothing"
         stream.join(20)
         assert stream.error is None, stream.error
         chunks = validate_sse(stream.body)  # complete, ends with [DONE]
