@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -120,6 +121,9 @@ def serve(
             loop=_installed(loop, "uvloop"),
             http=_http_protocol(http),
             backlog=backlog,
+            # The policy's idle keep-alive limit also for uvicorn's own protocols (h11); with
+            # httptools the gateway's protocol applies every `server:` limit, also after reloads.
+            timeout_keep_alive=max(1, math.ceil(loaded.server.keepalive_timeout_s)),
             # SIGTERM: stop accepting, finish requests and streams for up to drain_s, then exit.
             timeout_graceful_shutdown=loaded.replicas.drain_s,
         )
@@ -187,7 +191,38 @@ def _check(file: Path) -> PolicyReport:
         except KeyConfigError as e:
             report.errors.append(str(e))
             report.policy = None
+    if report.policy is not None:
+        _check_rules(report.policy, file, report)
     return report
+
+
+def _check_rules(policy: Any, file: Path, report: PolicyReport) -> None:
+    """The degradation rules the policy names: they must load; names of models and classes they
+    match on that this policy does not have are warnings (the rule would never match here)."""
+    from gateway.app import _rules_path
+    from gateway.degrade import RuleFileError, load_rules
+
+    path = _rules_path(policy, str(file))
+    if path is None:
+        return
+    try:
+        rules = load_rules(path)
+    except RuleFileError as e:
+        report.errors.append(f"degradation.rules: {e}")
+        report.policy = None
+        return
+    classes = {c.name for c in policy.classes} | {policy.default_class}
+    for rule in rules.rules:
+        for a in rule.match.aliases:
+            if a not in policy.models:
+                report.warnings.append(
+                    f"degradation rule '{rule.name}': match.aliases: unknown model '{a}'"
+                )
+        for c in rule.match.classes:
+            if c not in classes:
+                report.warnings.append(
+                    f"degradation rule '{rule.name}': match.classes: unknown class '{c}'"
+                )
 
 
 @policy_app.command("check")

@@ -38,7 +38,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.policy.source import YamlLimitError, load_yaml
+from gateway.policy.source import MAX_BYTES, YamlLimitError, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,8 @@ def load_file(path: Path) -> RuleFile:
     """Parse and validate one YAML file; :class:`RuleFileError` names file and field."""
     try:
         # Bounded size and alias expansion, like policy files (a YAML bomb is refused).
+        if path.stat().st_size > MAX_BYTES:
+            raise YamlLimitError(f"the file is larger than {MAX_BYTES} bytes")
         raw, _ = load_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise RuleFileError(str(path), "", f"cannot read: {exc}") from None

@@ -351,3 +351,20 @@ def test_a_yaml_bomb_reload_neither_applies_nor_stalls_the_gateway(tmp_path: Pat
         assert r.status_code == 400
         assert "refused: the document expands to more than" in r.json()["errors"][0]
         assert served.ready()["policy_version"] == version
+
+
+def test_policy_check_loads_the_degradation_rules_it_names(tmp_path: Path) -> None:
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "r.yaml").write_text(
+        "rules:\n  - name: r1\n    match: {classes: [bacth], aliases: [chta]}\n    template: 'x'\n"
+    )
+    policy = tmp_path / "p.yaml"
+    policy.write_text(BASE + "degradation: {rules: rules}\n")
+    r = cli("policy", "check", str(policy))
+    assert r.returncode == 0, r.stderr
+    assert "degradation rule 'r1': match.classes: unknown class 'bacth'" in r.stderr
+    assert "degradation rule 'r1': match.aliases: unknown model 'chta'" in r.stderr
+    (rules / "r.yaml").write_text("rules: [this is not: yaml\n")
+    r = cli("policy", "check", str(policy))
+    assert r.returncode == 1 and "degradation.rules:" in r.stderr and "r.yaml" in r.stderr

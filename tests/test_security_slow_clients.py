@@ -20,6 +20,8 @@ import openai
 import pytest
 
 from gateway.context import Context
+from gateway.http_protocol import configure_connections
+from gateway.policy.schema import Server
 from tests.support import free_port, wait_http
 from tests.test_api import policy_for
 
@@ -53,7 +55,9 @@ def gw(fleet, gateway):  # type: ignore[no-untyped-def]
     g = gateway(policy_for(fleet, extra=FAST))
     g.seen = []
     g.app.state.pipeline.observers.append(g.seen.append)
-    return g
+    yield g
+    # The limits are per process: later in-process gateways of other tests get the defaults back.
+    configure_connections(Server())
 
 
 def test_a_socket_that_sends_nothing_is_closed(gw) -> None:  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from gateway.auth import hash_key
+from gateway.auth import bearer_key, hash_key
 from gateway.errors import model_not_found, unauthorized
 from gateway.governance.answers import duration, over_budget, rate_limited
 from gateway.governance.concurrency import Concurrency, Slots
@@ -93,12 +93,6 @@ class Ticket:
         return encode_event(orjson.dumps(chunk))
 
 
-def _bearer(authorization: str | None) -> str | None:
-    if authorization and authorization[:7].lower() == "bearer ":
-        return authorization[7:].strip()
-    return None
-
-
 class GovernanceService:
     def __init__(self, state: SharedState, runtime: Runtime | None = None) -> None:
         self.state, self.runtime = state, runtime
@@ -133,7 +127,7 @@ class GovernanceService:
     # -- 1. who -------------------------------------------------------------------------------
 
     async def authenticate(self, snap: Snapshot, authorization: str | None) -> Principal:
-        token = _bearer(authorization)
+        token = bearer_key(authorization)
         if token is not None and token.startswith(KEY_PREFIX):
             rec = await self.keys.find(token)
             if rec is None or rec.revoked:
