@@ -34,6 +34,7 @@ models:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`gateway ...` as its own process (what an operator runs)."""
     import os
 
     return subprocess.run(
@@ -44,6 +45,16 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         cwd=ROOT,
         timeout=60,
     )
+
+
+def check(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`gateway policy check ...`, in this process (the same command, without the start-up)."""
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    r = CliRunner().invoke(app, ["policy", "check", *args], env=env)
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 # -- gateway keys -------------------------------------------------------------------------------
@@ -119,7 +130,7 @@ def test_empty_bearer_is_refused() -> None:
 def test_policy_check_reports_bad_api_keys_variable(tmp_path: Path) -> None:
     policy = tmp_path / "p.yaml"
     policy.write_text(BASE)
-    r = cli("policy", "check", str(policy), env={"GATEWAY_API_KEYS": "alice:,bob:x"})
+    r = check(str(policy), env={"GATEWAY_API_KEYS": "alice:,bob:x"})
     assert r.returncode == 1
     assert "GATEWAY_API_KEYS entry 1 (tenant 'alice'): empty key" in r.stderr
 
@@ -155,7 +166,7 @@ auth:
 def test_policy_check_reports_every_problem_with_path_and_line(tmp_path: Path) -> None:
     policy = tmp_path / "broken.yaml"
     policy.write_text(BROKEN)
-    r = cli("policy", "check", str(policy))
+    r = check(str(policy))
     assert r.returncode == 1, r.stdout
     out = r.stderr
     expected_errors = [
@@ -183,7 +194,7 @@ def test_policy_check_reports_every_problem_with_path_and_line(tmp_path: Path) -
 def test_unset_provider_key_is_only_a_warning(tmp_path: Path) -> None:
     policy = tmp_path / "p.yaml"
     policy.write_text(BASE.replace('9/v1"}', '9/v1", api_key_env: SECIN_PROVIDER_KEY}'))
-    r = cli("policy", "check", str(policy))
+    r = check(str(policy))
     assert r.returncode == 0, r.stderr
     assert "warning: providers.a.api_key_env" in r.stderr and "(line 2)" in r.stderr
     assert "1 warnings" in r.stdout
@@ -206,7 +217,7 @@ def test_unset_variable_in_a_provider_header_is_a_warning() -> None:
 def test_yaml_errors_name_the_file(tmp_path: Path) -> None:
     policy = tmp_path / "typo.yaml"
     policy.write_text("providers: [this is not: yaml\n")
-    r = cli("policy", "check", str(policy))
+    r = check(str(policy))
     assert r.returncode == 1
     assert f"{policy}: invalid YAML" in r.stderr and "line 1" in r.stderr
 
@@ -285,7 +296,7 @@ def test_yaml_alias_bomb_is_refused_fast() -> None:
 def test_oversized_policy_file_is_refused(tmp_path: Path) -> None:
     big = tmp_path / "big.yaml"
     big.write_text(BASE + "# " + "x" * (2 * 1024 * 1024) + "\n")
-    r = cli("policy", "check", str(big))
+    r = check(str(big))
     assert r.returncode == 1 and "larger than" in r.stderr
 
 
@@ -361,10 +372,10 @@ def test_policy_check_loads_the_degradation_rules_it_names(tmp_path: Path) -> No
     )
     policy = tmp_path / "p.yaml"
     policy.write_text(BASE + "degradation: {rules: rules}\n")
-    r = cli("policy", "check", str(policy))
+    r = check(str(policy))
     assert r.returncode == 0, r.stderr
     assert "degradation rule 'r1': match.classes: unknown class 'bacth'" in r.stderr
     assert "degradation rule 'r1': match.aliases: unknown model 'chta'" in r.stderr
     (rules / "r.yaml").write_text("rules: [this is not: yaml\n")
-    r = cli("policy", "check", str(policy))
+    r = check(str(policy))
     assert r.returncode == 1 and "degradation.rules:" in r.stderr and "r.yaml" in r.stderr
