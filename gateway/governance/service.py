@@ -106,6 +106,7 @@ class GovernanceService:
         self.stats = GovStats()
         self._soft_logged: set[str] = set()
         self._configured: Governance | None = None
+        self._resolved: dict[tuple[str, str, float], tuple[Limits, Limits, Budget, Budget]] = {}
 
     async def start(self, settings: Governance) -> None:
         self.configure(settings)
@@ -120,6 +121,7 @@ class GovernanceService:
 
     def configure(self, g: Governance) -> None:
         self._configured = g
+        self._resolved = {}
         self.limiter.lease_fraction = self.concurrency.lease_fraction = g.sync.lease_fraction
         self.keys.refresh_s = g.sync.key_refresh_s
         self.ledger.flush_s = g.sync.spend_flush_s
@@ -144,6 +146,18 @@ class GovernanceService:
     # -- 2. may they --------------------------------------------------------------------------
 
     def _policies(self, g: Governance, p: Principal) -> tuple[Limits, Limits, Budget, Budget]:
+        """The limits and budgets of the tenant and the key (merged once per policy and key)."""
+        # A managed key's record changes `updated` on every change.
+        ck = (p.tenant, p.key_id, p.record.updated if p.record is not None else 0.0)
+        hit = self._resolved.get(ck)
+        if hit is not None:
+            return hit
+        if len(self._resolved) > 10_000:
+            self._resolved.clear()
+        out = self._resolved[ck] = self._resolve(g, p)
+        return out
+
+    def _resolve(self, g: Governance, p: Principal) -> tuple[Limits, Limits, Budget, Budget]:
         t = g.tenant(p.tenant)
         key_limits, key_budget = t.key_limits, t.key_budget
         override = g.keys.get(p.key_id)
