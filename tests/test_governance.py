@@ -182,6 +182,13 @@ def test_managed_key_lifecycle_and_cli(fleet, gateway, shared) -> None:
     listed = runner.invoke(cli_app, ["keys", "list", "--url", gw.url])
     assert listed.exit_code == 0 and key_id in listed.output
     assert secret not in listed.output and created["hint"] in listed.output
+    # Changes apply at once (here: the key's own limit).
+    patched = httpx.patch(
+        f"{gw.url}/admin/keys/{key_id}", json={"limits": {"requests_per_minute": 50}}
+    )
+    assert patched.status_code == 200 and patched.json()["limits"]["requests_per_minute"] == 50
+    assert post(gw, secret).headers["x-ratelimit-limit-requests"] == "50"
+    assert httpx.patch(f"{gw.url}/admin/keys/mk_0000000000000000", json={}).status_code == 404
     # Rotate: the old secret stops, the new one works with the same id and limits.
     rotated = json.loads(runner.invoke(cli_app, ["keys", "rotate", key_id, "--url", gw.url]).output)
     assert post(gw, secret).status_code == 401

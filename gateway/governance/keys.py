@@ -177,9 +177,9 @@ class KeyStore:
         rec = await self._fresh(key_id)
         if rec is None:
             return None
+        # Each given field replaces the stored one as a whole (limits and budget included).
         fields = change.model_dump(exclude_unset=True)
-        rec = rec.model_copy(update={**fields, "updated": time.time()})
-        rec = KeyRecord.model_validate(rec.model_dump())
+        rec = KeyRecord.model_validate({**rec.model_dump(), **fields, "updated": time.time()})
         await self._save(rec)
         return rec
 
