@@ -121,7 +121,8 @@ class Fallbacks:
             body = orjson.dumps(plain)
         for q in (self.queue, self.local_queue):
             try:
-                await q.enqueue(ctx.deferred_id or new_deferred_id(), ctx.tenant, ctx.alias, body)
+                deferred_id = ctx.deferred_id or new_deferred_id()
+                await q.enqueue(deferred_id, ctx.tenant, ctx.alias, body, key_id=ctx.key_id)
             except QueueFull:
                 return False
             except Exception as e:  # noqa: BLE001 - Redis down: keep it in this process instead

@@ -239,8 +239,7 @@ class Pipeline:
         try:
             acc = accept(entry.body, "chat", max_n=server.max_n, max_depth=server.max_json_depth)
             acc.stream = False  # the answer is stored, not streamed
-            # Tenant-level limits and budgets apply (a refusal is retried later by the worker).
-            principal = Principal(ctx.tenant, "")
+            principal = self._replay_principal(entry, ctx)
             response = await self._serve(snap, acc, entry.body, ctx, Headers(), principal)
         except PassThrough as p:
             response = p.response
@@ -252,6 +251,16 @@ class Pipeline:
         ctx.status = response.status_code
         self.record(ctx)
         return response.status_code, bytes(response.body)
+
+    def _replay_principal(self, entry: ReplayEntry, ctx: Context) -> Principal:
+        """Who a replay runs as: the tenant and key that sent the request, so that their limits,
+        budgets and allowed aliases apply (a refusal is retried later by the worker). A managed
+        key revoked or expired since then fails the replay."""
+        ctx.key_id = entry.key_id
+        record = self.governance.keys.get(entry.key_id) if entry.key_id else None
+        if record is not None and (record.revoked or not record.usable(time.time())):
+            raise errors.unauthorized("The API key that sent this request is no longer valid.")
+        return Principal(ctx.tenant, entry.key_id, record)
 
     # -- cache ----------------------------------------------------------------------------------
 

@@ -67,12 +67,15 @@ class ReplayEntry:
     tenant: str
     alias: str
     body: bytes
+    key_id: str = ""  # the key that sent it: its limits apply to the replay too
 
 
 class ReplayQueue(Protocol):
     """What the worker and the pipeline need; Redis and in-memory implement it."""
 
-    async def enqueue(self, request_id: str, tenant: str, alias: str, body: Body) -> None: ...
+    async def enqueue(
+        self, request_id: str, tenant: str, alias: str, body: Body, key_id: str = ""
+    ) -> None: ...
     async def get_result(self, request_id: str) -> dict[str, Any] | None: ...
     async def set_result(self, request_id: str, doc: dict[str, Any]) -> None: ...
     async def read(self, consumer: str, count: int, block_ms: int) -> list[ReplayEntry]: ...
@@ -136,12 +139,20 @@ class RedisReplayQueue:
             await self._ensure_group()
             return await op()
 
-    async def enqueue(self, request_id: str, tenant: str, alias: str, body: Body) -> None:
+    async def enqueue(
+        self, request_id: str, tenant: str, alias: str, body: Body, key_id: str = ""
+    ) -> None:
         await self._ensure_group()
         if await self.redis.xlen(self.stream) >= self.settings.max_len:
             raise QueueFull(f"{self.stream} holds {self.settings.max_len} requests")
         doc = _queued_doc(request_id, tenant, alias)
-        fields = {"request_id": request_id, "tenant": tenant, "alias": alias, "body": _raw(body)}
+        fields = {
+            "request_id": request_id,
+            "tenant": tenant,
+            "key_id": key_id,
+            "alias": alias,
+            "body": _raw(body),
+        }
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self.result_key(request_id), orjson.dumps(doc), ex=self.settings.result_ttl_s)
             pipe.xadd(self.stream, fields)  # type: ignore[arg-type]
@@ -214,6 +225,7 @@ def _entry(entry_id: Any, fields: dict[Any, Any]) -> ReplayEntry:
         tenant=_text(f.get("tenant", "")),
         alias=_text(f.get("alias", "")),
         body=body if isinstance(body, bytes) else str(body).encode(),
+        key_id=_text(f.get("key_id", "")),
     )
 
 
@@ -231,10 +243,14 @@ class MemoryReplayQueue:
         self._results: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
         self._arrived = asyncio.Event()
 
-    async def enqueue(self, request_id: str, tenant: str, alias: str, body: Body) -> None:
+    async def enqueue(
+        self, request_id: str, tenant: str, alias: str, body: Body, key_id: str = ""
+    ) -> None:
         if len(self._queue) + len(self._pending) >= self.settings.max_len:
             raise QueueFull(f"in-memory replay queue holds {self.settings.max_len} requests")
-        entry = ReplayEntry(f"{next(self._ids)}-0", request_id, tenant, alias, _raw(body))
+        entry = ReplayEntry(
+            f"{next(self._ids)}-0", request_id, tenant, alias, _raw(body), key_id=key_id
+        )
         await self.set_result(request_id, _queued_doc(request_id, tenant, alias))
         self._queue.append(entry)
         self._arrived.set()

@@ -19,6 +19,7 @@ import orjson
 import pytest
 import redis
 
+from gateway.auth import hash_key
 from gateway.context import Context
 from gateway.state import SharedState
 from tests.support import run, validate
@@ -406,6 +407,7 @@ def test_replays_run_as_the_tenant_and_are_cached_and_recorded(
     # Recorded like a live request (each replay attempt has its line; here the one that answered).
     line = access_log.wait_for(deferred_id, status=200)
     assert (line["tenant"], line["class"], line["provider"]) == ("team-a", "vip", "c")
+    assert line["key"] == "sk_" + hash_key("key-tenant-a")[:12]  # and as the key that sent it
     # The replayed answer is in team A's cache: the same request now is a hit, no upstream call.
     again = httpx.post(gw.base_url + "/chat/completions", json=body, headers=key_a)
     assert again.headers["x-gateway-cache"] == "hit-exact"
@@ -416,3 +418,34 @@ def test_replays_run_as_the_tenant_and_are_cached_and_recorded(
         headers={"authorization": "Bearer key-tenant-b"},
     )
     assert other.headers["x-gateway-cache"] == "miss"  # never another tenant's entry
+
+
+def test_a_replay_runs_as_its_key_and_fails_once_that_key_is_revoked(
+    fleet, gateway, tenants, redis_url
+) -> None:
+    gw = gateway(deferred_policy(fleet, tenants), redis_url=redis_url)
+    made = httpx.post(gw.url + "/admin/keys", json={"tenant": "team-a"}).json()
+    managed = {"authorization": f"Bearer {made['key']}"}
+    for name in ("a", "c"):
+        fleet.set_faults(name, error_rate=1.0, error_status=[503])
+    try:
+        queued = httpx.post(
+            gw.base_url + "/chat/completions",
+            json={"model": "chat", "messages": [{"role": "user", "content": "a report"}]},
+            headers=managed,
+            timeout=15,
+        )
+        deferred_id = queued.headers["x-gateway-deferred"]
+        revoked = httpx.post(f"{gw.url}/admin/keys/{made['id']}/revoke")
+        assert revoked.status_code == 200
+    finally:
+        for name in ("a", "c"):
+            fleet.clear_faults(name)
+    url = f"{gw.base_url}/gateway/deferred/{deferred_id}"
+    other_key = {"authorization": "Bearer key-tenant-a"}  # same tenant, a key still valid
+    deadline = time.monotonic() + 15
+    while (doc := httpx.get(url, headers=other_key).json())["status"] == "queued":
+        assert time.monotonic() < deadline, doc
+        time.sleep(0.05)
+    assert (doc["status"], doc["http_status"]) == ("failed", 401)
+    assert "no longer valid" in doc["body"]
