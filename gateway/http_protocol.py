@@ -40,11 +40,11 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keepalive_timeout_s: float = 5.0
-    max_connections: int = 1024
+    max_connections: int = 4096
 
 
 _limits = ConnectionLimits()
-_cap = 1024
+_cap = 4096
 
 
 def open_file_limit() -> int | None:

@@ -215,7 +215,7 @@ class Server(Strict):
         5.0, gt=0, description="An idle keep-alive connection is closed after this."
     )
     max_connections: int = Field(
-        1024,
+        4096,
         ge=8,
         description="Open client connections per worker (also at most half the open-file "
         "limit); beyond it the longest-idle connections are closed first.",
