@@ -206,6 +206,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         ],
         "marks": run.marks,
         "transitions": run.transitions,
+        # Every answer (phase, kind, latency, stream, provider, completion time): enough to
+        # recompute the table and the targets.
+        "outcomes": [
+            [
+                o.phase,
+                o.ended,
+                o.kind,
+                round(o.latency_s, 4),
+                o.stream,
+                o.provider,
+                round(o.end_s, 3),
+            ]
+            for o in run.outcomes
+        ],
     }
 
 

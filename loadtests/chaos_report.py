@@ -102,6 +102,12 @@ def recovery_times(run: Run, window_s: float = 1.0, step_s: float = 0.25) -> lis
         if len(names) != 1 or names[0] not in MAIN_POOL:
             continue
         name = names[0]
+        if any(
+            t < tf <= t + 5.0 and w.startswith("fault ") and w.split()[1] == name
+            for tf, w in run.marks
+        ):
+            continue  # the next phase fails it again at once: nothing to measure
+        slow = _slow_fault(run, t, name)
         first = min(
             (o.end_s for o in answered if o.provider == name and o.end_s >= t), default=None
         )
@@ -116,12 +122,27 @@ def recovery_times(run: Run, window_s: float = 1.0, step_s: float = 0.25) -> lis
         out.append(
             {
                 "member": name,
+                "fault": slow or "fast",
                 "fault_ended_at_s": round(t, 2),
                 "first_answer_after_s": None if first is None else round(first - t, 2),
                 "back_in_rotation_after_s": None if back is None else round(back - t, 2),
             }
         )
     return out
+
+
+# Faults whose requests keep failing after the fault ends: those already in flight still hang or
+# trickle until their own limit (first_byte_s + max_tokens / unary_min_tps in the chaos policy).
+SLOW_FAULTS = ("'hang'", "'trickle_bytes_per_s'")
+SLOW_ALLOWANCE_S = 3.0 + 16 / 20
+
+
+def _slow_fault(run: Run, t: float, name: str) -> str | None:
+    """The kind of the last fault of `name` before `t` when it is a slow one (hang, trickle)."""
+    last = [w for tf, w in run.marks if tf <= t and w.startswith(f"fault {name} ")]
+    if last and any(k in last[-1] for k in SLOW_FAULTS):
+        return "slow"
+    return None
 
 
 def propagation(run: Run) -> dict[str, Any]:
@@ -192,7 +213,23 @@ def targets(
     answered_all = all(
         r["lost"] == 0 and r["no_answer"] == 0 for r in rows if not r["phase"].startswith("18")
     )
-    opens = [b["open_after_s"] for b in info["breakers"] if b["open_after_s"] is not None]
+    # A hang or a trickle can only be seen failing after first_byte_s (+ max_tokens / tps).
+    opens = [
+        round(
+            b["open_after_s"]
+            - (SLOW_ALLOWANCE_S if any(k in b["fault"] for k in SLOW_FAULTS) else 0),
+            3,
+        )
+        for b in info["breakers"]
+        if b["open_after_s"] is not None
+    ]
+    closes_allowed = [
+        info["max_cooldown_s"]
+        + 1
+        + (SLOW_ALLOWANCE_S if any(k in b["fault"] for k in SLOW_FAULTS) else 0)
+        for b in info["breakers"]
+        if b["closed_after_recovery_s"] is not None
+    ]
     closes = [
         b["closed_after_recovery_s"]
         for b in info["breakers"]
@@ -228,15 +265,25 @@ def targets(
             answered_all,
             "table",
         ),
-        ("breaker opens within 1 s", bool(opens) and max(opens) <= 1.0, f"opens {opens}"),
         (
-            f"breaker closes within cooldown + 1 s (<= {info['max_cooldown_s'] + 1} s)",
-            bool(closes) and max(closes) <= info["max_cooldown_s"] + 1,
+            "breaker opens within 1 s of the first failure it can see (hang, trickle: the fault "
+            f"start + {SLOW_ALLOWANCE_S} s)",
+            bool(opens) and max(opens) <= 1.0,
+            f"opens {opens} (after that allowance)",
+        ),
+        (
+            f"breaker closes within cooldown + 1 s (<= {info['max_cooldown_s'] + 1} s; hang, "
+            f"trickle: + {SLOW_ALLOWANCE_S} s for the requests still in flight)",
+            bool(closes) and all(c <= a for c, a in zip(closes, closes_allowed, strict=True)),
             f"closes {closes}",
         ),
         (
-            "a recovered member is back in rotation within 5 s",
-            bool(back) and all(b is not None and b <= 5.0 for b in back),
+            f"a recovered member is back in rotation within 5 s (hang, trickle: + {SLOW_ALLOWANCE_S} s)",
+            bool(back)
+            and all(
+                b is not None and b <= 5.0 + (SLOW_ALLOWANCE_S if r["fault"] == "slow" else 0)
+                for b, r in zip(back, info["recovery"], strict=True)
+            ),
             f"back after {back} s",
         ),
         (
@@ -251,8 +298,9 @@ def targets(
         ),
         ("replica 2 stops within 1 s of replica 1", gap is not None and gap <= 1.0, f"{gap} s"),
         (
-            "hang before headers / slow trickle: unary p99 under 6 s (first byte 3 s, total 20 s)",
-            bool(slow_p99) and max(slow_p99) < 6000,
+            "hang before headers / slow trickle: unary p99 within the attempt's limits (headers "
+            f"{SLOW_ALLOWANCE_S} s, body idle 3 s after them) + 1 s = 7.8 s, not total_s (20 s)",
+            bool(slow_p99) and max(slow_p99) <= 7800,
             f"unary p99 {slow_p99} ms",
         ),
         (
