@@ -4,7 +4,8 @@
 
 Three simulated members (low-latency profile) in one pool behind a real `gateway serve`, open-loop
 unary load (max_tokens 16). Two gateway configurations, one after the other: hedging off (the
-default) and hedging on (`hedge: {enabled: true}`: after the pool's observed p95). Each runs two
+default) and hedging on (`hedge: {enabled: true}`: after the pool's observed p95, or the
+`--percentile` given). Each runs two
 phases: all members healthy, then a latency spike on one member (5% of its answers take 10 s).
 Reported per phase: p50/p99/max latency from the scheduled send time, the share of hedged answers,
 and the extra upstream load (upstream requests per client request - 1, counted by the simulators).
@@ -34,13 +35,13 @@ MEMBERS = ("h1", "h2", "h3")
 SPIKE = {"spike_rate": 0.05, "spike_ms": 10_000}
 
 
-def policy(fleet: Fleet, hedge: bool) -> str:
+def policy(fleet: Fleet, hedge: bool, percentile: float = 95.0) -> str:
     providers = "\n".join(
         f"  {n}: {{base_url: '{fleet.url(n)}', max_inflight: 64, "
         "timeouts: {connect_s: 1, first_byte_s: 15, idle_s: 15, total_s: 30}}"
         for n in MEMBERS
     )
-    hedging = "    hedge: {enabled: true}\n" if hedge else ""
+    hedging = f"    hedge: {{enabled: true, percentile: {percentile}}}\n" if hedge else ""
     return f"""
 providers:
 {providers}
@@ -120,7 +121,7 @@ def summary(name: str, got: list[dict[str, Any]], upstream: int) -> dict[str, An
 async def run_config(fleet: Fleet, hedge: bool, args: argparse.Namespace) -> list[dict[str, Any]]:
     tmp = Path(tempfile.mkdtemp(prefix="hedging-"))
     path = tmp / "policy.yaml"
-    path.write_text(policy(fleet, hedge))
+    path.write_text(policy(fleet, hedge, args.percentile))
     proc, url = start_gateway({"GATEWAY_POLICY": str(path)}, tmp / "gateway.log")
     rows = []
     try:
@@ -154,6 +155,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "rate": args.rate,
         "phase_s": args.phase_s,
+        "percentile": args.percentile,
         "rows": rows,
         "target": {
             "spike p99 <= 2x healthy p99 (hedging on)": ratio <= 2.0,
@@ -177,6 +179,9 @@ def main() -> None:
     )
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
     parser.add_argument("--phase-s", type=float, default=20.0, help="seconds per phase")
+    parser.add_argument(
+        "--percentile", type=float, default=95.0, help="hedge after this observed percentile"
+    )
     parser.add_argument("--out", type=Path, default=Path("hedging.json"))
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
