@@ -331,3 +331,18 @@ def test_metric_labels_are_bounded() -> None:
     keys = {k for _, k in stats.series}
     assert len(tenants) == MAX_TENANTS + 1 and OTHER in tenants
     assert len(keys) <= MAX_KEYS + 1
+
+
+def test_budget_holds_across_two_gateways(capture_upstream, gateway, shared) -> None:
+    """Two replicas sharing Redis, requests alternating between them: refused at the same spend."""
+    gov = "  tenants:\n    team-a: {budget: {daily_usd: 2.0}}"  # $0.50 a request (soft at $1.60)
+    price = "{input_per_1m: 100000, output_per_1m: 0}"
+    text = _policy(capture_upstream.url, gov, price)
+    gws = [gateway(text, redis_url=shared), gateway(text, redis_url=shared)]
+    statuses = []
+    for i in range(6):
+        statuses.append(post(gws[i % 2], "key-a").status_code)
+        time.sleep(0.05)  # spend reaches the other replica within milliseconds, not at once
+    assert statuses == [200, 200, 200, 200, 429, 429]
+    spend = httpx.get(gws[1].url + "/admin/spend", params={"tenant": "team-a"}).json()
+    assert spend["total"]["cost_usd"] == pytest.approx(2.0)

@@ -64,6 +64,7 @@ class Ticket:
     watch_stream: bool = False
     usage: tuple[int, int] | None = None  # (prompt, completion) seen in a stream
     fair_pool: str | None = None  # counted in this pool's fair share
+    near_budget: bool = False  # budgeted: its spend is written at once, not at the next interval
 
     def stream_event(self, ev: bytes) -> bytes | None:
         """Take the usage from a stream; hide it when the client did not ask for it."""
@@ -268,9 +269,13 @@ class GovernanceService:
                 checks.append((scope, period, usd, budget.soft_fraction, bk))
         if not checks:
             return
-        near = [bk for _, _, usd, soft, bk in checks if self.ledger.spent(bk) >= usd * soft * NANO]
+        # A scope with a budget has its spend written at once (not at the next interval), and past
+        # half a budget the shared totals are read fresh before deciding: other replicas' spend
+        # counts within milliseconds.
+        ticket.near_budget = True
+        near = [bk for _, _, usd, _, bk in checks if self.ledger.spent(bk) >= usd * NANO / 2]
         if near:
-            await self.ledger.refresh(near)  # close to a limit: the shared totals, fresh
+            await self.ledger.refresh(near)
         soft_hit = None
         for scope, period, usd, soft, bk in checks:
             spent = self.ledger.spent(bk)
@@ -345,6 +350,8 @@ class GovernanceService:
             time.time(), p_.tenant, p_.key_id, ctx.alias, ctx.provider, usage, t.budget_keys
         )
         self.stats.spent(p_.tenant, p_.key_id, cost, prompt + completion)
+        if t.near_budget and cost:
+            self.ledger.flush_soon()
 
 
 def _chain(snap: Snapshot, first: str) -> list[str]:

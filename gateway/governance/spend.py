@@ -152,9 +152,16 @@ class SpendLedger:
         with contextlib.suppress(Exception):
             await self.flush()
 
+    def flush_soon(self) -> None:
+        """Write now rather than at the next interval (spend close to a budget: other processes
+        must see it before they admit the next request)."""
+        self._wake.set()
+
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self.flush_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.flush_s)
+            self._wake.clear()
             with contextlib.suppress(Exception):
                 await self.flush()
 
