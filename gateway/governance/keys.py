@@ -296,6 +296,9 @@ class KeyStore:
                         last_full = time.monotonic()
             except (RedisError, OSError, TimeoutError):
                 self._subscribed = False
+            except Exception:  # never let a bug stop the sync for good
+                self._subscribed = False
+                log.exception("managed keys: sync failed; retrying")
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
