@@ -178,6 +178,12 @@ class StreamCheck:
             return ev
         if b'"error"' in ev and _ERROR_EVENT.search(ev):
             raise InvalidAnswer("the provider sent an error event")
+        if not ev.rstrip().endswith(b"}"):
+            # A chunk is a JSON object: a data event that does not end like one holds cut JSON,
+            # which no client can parse (a byte check, no parse; comment-only events pass).
+            m = _DATA.search(ev)
+            if m is not None and ev[m.end() :].lstrip().startswith(b"{"):
+                raise InvalidAnswer("the provider sent an event with cut JSON")
         if self._carry or not ev.isascii():
             ev = self._utf8(ev)
         for secret in self._secrets:  # the Redactor's loop, inlined: this runs per event
