@@ -340,6 +340,10 @@ class Pipeline:
             return task if plan.semantic.refresh else None
         return None
 
+    def _store_streamed(self, plan: CachePlan, body: bytes) -> None:
+        """A stream's body is complete only after its response: nothing left to wait on."""
+        self._store(plan, body)
+
     # -- dispatch -------------------------------------------------------------------------------
 
     async def _dispatch(
@@ -359,7 +363,7 @@ class Pipeline:
                     acc,
                     decision,
                     ctx,
-                    on_complete=lambda body: self._store(plan, body),
+                    on_complete=lambda body: self._store_streamed(plan, body),
                     on_abort=lambda: self._abort(plan, LeaderGone()),
                 )
                 return resp
