@@ -456,6 +456,11 @@ _GUARD_ONLY = {
 }
 
 
+#: Order features (quadratic) look at the first words only: a cached question is at most
+#: max_tokens long, and 600-word texts would cost ~100 ms a pair uncapped.
+_ORDER_WORDS = 64
+
+
 def _stem(word: str) -> str:
     for suffix in ("ing", "ed", "es", "s"):
         if len(word) > len(suffix) + 3 and word.endswith(suffix):
@@ -622,8 +627,8 @@ def features(query: str, candidate: str, cosine: float) -> list[float]:
         _jaccard(q.char3, c.char3),
         bigram_j,
         word_j - bigram_j,
-        _lcs(q.words, c.words) / longest,
-        _discordant(q.words, c.words),
+        _lcs(q.words[:_ORDER_WORDS], c.words[:_ORDER_WORDS]) / min(longest, _ORDER_WORDS),
+        _discordant(q.words[:_ORDER_WORDS], c.words[:_ORDER_WORDS]),
         min(len(q.words), len(c.words)) / longest,
         float(only_q),
         float(only_c),
