@@ -275,7 +275,8 @@ class GatewayCollector(Collector):
         lookups = CounterMetricFamily(
             "gateway_semantic_lookups",
             "Semantic cache lookups by outcome; a rejection names what refused the most similar "
-            "candidate (verifier, or a guard); late: past lookup_budget_ms, sent upstream.",
+            "candidate (verifier, or a guard); late: past lookup_budget_ms, upstream call started; "
+            "late_hit_raced: a late lookup that still answered first (its upstream call cancelled).",
             labels=["outcome", "guard"],
         )
         lookups.add_metric(["hit", ""], semantic.hits)
@@ -283,6 +284,7 @@ class GatewayCollector(Collector):
         for guard, n in semantic.rejected.items():
             lookups.add_metric(["rejected", guard], n)
         lookups.add_metric(["late", ""], semantic.late)
+        lookups.add_metric(["late_hit_raced", ""], semantic.raced)
         yield lookups
         stored, refused = semantic.store_stats()
         stores = CounterMetricFamily(

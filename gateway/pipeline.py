@@ -6,6 +6,7 @@ Each step lives in its own module; this file only composes them, top to bottom.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -212,6 +213,20 @@ class Pipeline:
                 hit = self._from_cache(cached, acc, ctx)
                 if hit is not None:
                     return hit
+        pending = plan.semantic.pending if plan is not None and plan.semantic else None
+        if pending is not None and not acc.stream and plan is not None:
+            return await self._race(snap, acc, raw, ctx, decision, plan)
+        return await self._upstream(snap, acc, raw, ctx, decision, plan)
+
+    async def _upstream(
+        self,
+        snap: Snapshot,
+        acc: Accepted,
+        raw: bytes,
+        ctx: Context,
+        decision: Decision,
+        plan: CachePlan | None,
+    ) -> Response:
         # 4-6. Route, dispatch, recover; when nothing can answer, degrade (live requests only:
         # a replay that fails stays queued and is retried)
         try:
@@ -223,6 +238,37 @@ class Pipeline:
                 raise
             with stage(ctx, "fallback"):
                 return await self.fallbacks.degrade(e, acc, raw, ctx)
+
+    async def _race(
+        self,
+        snap: Snapshot,
+        acc: Accepted,
+        raw: bytes,
+        ctx: Context,
+        decision: Decision,
+        plan: CachePlan,
+    ) -> Response:
+        """The semantic lookup outlasted its budget: the upstream call starts now, and if the
+        lookup then finds an answer first, that answer is served and the call cancelled (one
+        upstream call spent on a hit: counted in the `raced` lookups)."""
+        assert plan.semantic is not None and plan.semantic.pending is not None
+        lookup = plan.semantic.pending
+        call = asyncio.ensure_future(self._upstream(snap, acc, raw, ctx, decision, plan))
+        await asyncio.wait({call, lookup}, return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            found = self.semantic.late_result(plan.semantic)
+            if found is not None:
+                call.cancel()
+                with contextlib.suppress(BaseException):
+                    await call
+                self.semantic.raced += 1
+                ctx.cache, ctx.similarity = "hit-semantic", found[1]
+                if plan.leader:
+                    self.flights.resolve(plan.key, found[0])
+                hit = self._from_cache(found[0], acc, ctx)
+                if hit is not None:
+                    return hit
+        return await call
 
     async def replay_send(self, entry: ReplayEntry) -> tuple[int, bytes]:
         """Re-send a deferred request for the replay worker: (status, body).

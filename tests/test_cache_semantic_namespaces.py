@@ -191,3 +191,22 @@ def test_refresh_burst_waits_instead_of_dropping_and_refusals_are_counted(fleet:
         burst("no-cache")
         assert _metric(small, 'gateway_semantic_stores_total{outcome="stored"') == stored + 48
         assert _metric(small, 'gateway_semantic_stores_total{outcome="refused"') == refused
+
+
+def test_late_lookup_races_the_upstream_call(fleet: Any) -> None:
+    """With a lookup budget far below a lookup's time, the upstream call starts at once; the
+    lookup still answers a paraphrase first (the slow upstream call is cancelled), and a new
+    question is answered by the upstream."""
+    slow = policy(fleet).replace(fleet.url("a"), fleet.url("slow"))
+    with GatewayServer(slow + "semantic_cache: {lookup_budget_ms: 0.001}\n") as gw:
+        first = ask(gw, QUESTION)
+        assert first.headers["x-gateway-cache"] == "miss"
+        deadline = time.monotonic() + 10
+        while _metric(gw, 'gateway_semantic_stores_total{outcome="stored"') < 1:
+            assert time.monotonic() < deadline, "the answer was never stored"
+            time.sleep(0.02)
+        r = ask(gw, PARAPHRASE)
+        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == first.json()
+        assert _metric(gw, 'gateway_semantic_lookups_total{guard="",outcome="late_hit_raced"}') >= 1
+        other = ask(gw, "How do I bake sourdough bread at home?")
+        assert other.headers["x-gateway-cache"] == "miss" and other.json() != first.json()

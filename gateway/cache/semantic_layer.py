@@ -49,7 +49,9 @@ class SemanticLayer:
         self.rejected: dict[str, int] = {}
         self._stores: set[asyncio.Task[bool]] = set()
         self.late = 0
-        """Lookups that outlasted `lookup_budget_ms` (the request went upstream meanwhile)."""
+        """Lookups that outlasted `lookup_budget_ms` (the upstream call started meanwhile)."""
+        self.raced = 0
+        """Late lookups that found an answer before the upstream call did (that call cancelled)."""
 
     @property
     def ready(self) -> bool:
@@ -117,17 +119,31 @@ class SemanticLayer:
         )
 
     async def lookup(self, plan: SemanticPlan) -> tuple[bytes, float] | None:
+        """The cached answer and its similarity, or None.
+
+        With `lookup_budget_ms`, a lookup still running after the budget is left in
+        `plan.pending` and None is returned: the caller starts the upstream call and may race it
+        against the lookup (`late_result`).
+        """
         assert self.cache is not None
         budget = self.settings.lookup_budget_ms / 1000
         task = asyncio.ensure_future(self.cache.lookup(plan.namespace, plan.text, plan.threshold))
         if budget > 0:
             done, _ = await asyncio.wait({task}, timeout=budget)
             if not done:
-                # Too slow: go upstream now; the store will reuse this lookup's vector.
                 self.late += 1
                 plan.pending = task
                 return None
-        found = await task
+        return self._count(plan, await task)
+
+    def late_result(self, plan: SemanticPlan) -> tuple[bytes, float] | None:
+        """What a late lookup found, once `plan.pending` is done (counted like any lookup)."""
+        task = plan.pending
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return self._count(plan, task.result())
+
+    def _count(self, plan: SemanticPlan, found: Any) -> tuple[bytes, float] | None:
         plan.vector = found.vector
         if found.outcome == "hit" and found.hit is not None:
             self.hits += 1
