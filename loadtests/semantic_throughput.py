@@ -15,6 +15,7 @@ All configurations run at once and are measured in rotating turns (`--rounds`), 
 the shared machine falls on each alike; the figures are medians over rounds.
 
     python -m loadtests.semantic_throughput [--configs 1x1,1x8,2x1,2x8] [--rounds 3]
+        [--profile zero-latency|low-latency]
 
 Only 127.0.0.1; stops by itself. The clients run on the same machine as the gateway.
 """
@@ -87,6 +88,11 @@ async def post(session: aiohttp.ClientSession, url: str, data: bytes) -> tuple[f
         return time.perf_counter() - t, r.headers.get("x-gateway-cache", "")
 
 
+async def metrics_text(url: str) -> str:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return await r.text()
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))] * 1000 if s else float("nan")
@@ -150,6 +156,11 @@ def main() -> None:
     )
     ap.add_argument("--lengths", default="short,long")
     ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument(
+        "--profile",
+        default="zero-latency",
+        help="simulated upstream (loadtests/profiles.yaml); low-latency: ~120 ms for 8 tokens",
+    )
     ap.add_argument("--seconds", type=float, default=2.0, help="per burst")
     ap.add_argument("--rounds", type=int, default=3, help="bursts per configuration, interleaved")
     ap.add_argument("--questions", type=int, default=128)
@@ -158,7 +169,8 @@ def main() -> None:
     lengths = args.lengths.split(",")
     texts = {length: questions(args.questions, length == "long") for length in lengths}
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
-    with spawn_fleet([{"name": "zero", "profile": "zero-latency"}]) as fleet, ExitStack() as stack:
+    upstream = [{"name": "zero", "profile": args.profile}]
+    with spawn_fleet(upstream) as fleet, ExitStack() as stack:
         folder = Path(tempfile.mkdtemp(prefix="sem-throughput-"))
         gateways = {}
         for config in configs:  # all running at once, measured in turn: the same machine noise
@@ -188,6 +200,18 @@ def main() -> None:
                     )
                     runs.setdefault((config, length), []).append(res)
                     print(r, config, length, {k: round(v, 1) for k, v in res.items()}, flush=True)
+            for config, gw in gateways.items():  # upstream calls started for late lookups
+                text = asyncio.run(metrics_text(gw.removesuffix("/v1") + "/metrics"))
+                counts = {
+                    outcome: sum(
+                        float(line.rsplit(" ", 1)[1])
+                        for line in text.splitlines()
+                        if line.startswith("gateway_semantic_lookups_total")
+                        and f'outcome="{outcome}"' in line
+                    )
+                    for outcome in ("hit", "late", "late_hit_raced")
+                }
+                print(f"{config}: lookups {counts} (late_hit_raced = upstream calls cancelled)")
     rows = [
         (config, length, {k: statistics.median(x[k] for x in runs[config, length])
                           for k in runs[config, length][0]})
