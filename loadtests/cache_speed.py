@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument(
         "--semantic",
         action="store_true",
-        help="exact cache off, semantic cache on: hits are semantic (embedding + search + guards)",
+        help="exact cache off, semantic cache on: hits are semantic (embedding + search + verifier)",
     )
     args = ap.parse_args()
     with spawn_fleet([{"name": "zero", "profile": "zero-latency"}]) as fleet:

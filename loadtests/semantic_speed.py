@@ -2,7 +2,7 @@
 
     python -m loadtests.semantic_speed [--embedders onnx,torch] [--sizes 1000,10000,100000]
 
-Lookup = embed + FAISS search + guards, measured through `SemanticCache.lookup` one at a time
+Lookup = embed + FAISS search + verifier, measured through `SemanticCache.lookup` one at a time
 (p50/p99), and with 8 concurrent callers (micro-batched throughput). Namespaces are filled with
 random unit vectors: an exact search costs the same whatever the vectors are, and embedding
 100k texts would take minutes. Memory: RSS delta and index bytes after 100k entries (500-byte
@@ -96,7 +96,7 @@ async def lookup_latency(cache: SemanticCache, rounds: int) -> dict[str, float]:
 
 async def bench_embedder(kind: str, sizes: list[int], rounds: int) -> dict:
     rss0 = rss_mb()
-    worker = AsyncEmbedder(make_embedder(kind))  # type: ignore[arg-type]
+    worker = AsyncEmbedder(make_embedder(kind), memo=0)  # type: ignore[arg-type]  # embed each time
     out: dict = {"embedder": worker.embedder.name, "model_rss_mb": rss_mb() - rss0, "sizes": {}}
     for n in sizes:
         cache = SemanticCache(SemanticSettings(max_entries=max(sizes) + 10), worker=worker)
@@ -109,7 +109,7 @@ async def bench_embedder(kind: str, sizes: list[int], rounds: int) -> dict:
 
 
 async def bench_memory_and_rebuild(n: int, redis_url: str) -> dict:
-    worker = AsyncEmbedder(make_embedder("auto"))
+    worker = AsyncEmbedder(make_embedder("auto"), memo=0)
     settings = SemanticSettings(
         max_entries=n + 10, redis_prefix="bench:sem:", redis_channel="bench:sem:new"
     )
