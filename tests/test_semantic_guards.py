@@ -101,3 +101,15 @@ def test_verifier_accepts_same_questions(cached: str, asked: str) -> None:
 
     v = default_verifier()
     assert v.probability(asked, cached, 0.93) >= v.threshold
+
+
+def test_words_of_any_script_count() -> None:
+    """Two unrelated questions in Chinese or Russian must not look lexically identical."""
+    from gateway.cache.pair_features import FEATURES, features
+
+    jaccard = FEATURES.index("word_jaccard")
+    char3 = FEATURES.index("char3_jaccard")
+    for a, b in [("如何重置我的密码？", "北京今天的天气怎么样？"),
+                 ("Как сбросить пароль?", "Какая погода в Москве?")]:  # fmt: skip
+        x = features(b, a, 0.9)
+        assert x[jaccard] == 0.0 and x[char3] < 0.2

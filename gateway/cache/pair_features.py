@@ -15,7 +15,10 @@ from functools import lru_cache
 from gateway.cache import guards
 from gateway.cache.semantic_settings import GuardSettings
 
-_WORD = re.compile(r"[a-z0-9]+(?:['’][a-z]+)?")
+# Letters and digits of any script: a Chinese or Russian question must not look empty (and so
+# "identical" to any other) to the lexical features.
+_WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?")
+_NOT_WORD = re.compile(r"[^\w+#]|_")
 _OPERATOR = re.compile(r"<=|>=|==|!=|<>|=>|->|[<>]|(?<=[\w)\s])[+*/%^](?=[\s\w(])|\s-\s")
 _CAPS = re.compile(r"(?<![\w.])[A-Z][\w.+#-]*|(?<![\w.])[a-z]+[A-Z][\w.+#-]*")
 
@@ -483,8 +486,8 @@ class _Text:
         self.content = [_stem(w) for w in words if w not in _STOP and not w.isdigit()]
         self.bigrams = set(zip(words, words[1:], strict=False))
         # both spellings: "Huggingface.js" must find "hugging face.js", "JS" "javascript"
-        self.flat = re.sub(r"[^a-z0-9+#]", "", lower)
-        self.compact = self.flat + "|" + re.sub(r"[^a-z0-9+#]", "", " ".join(words))
+        self.flat = _NOT_WORD.sub("", lower)
+        self.compact = self.flat + "|" + _NOT_WORD.sub("", " ".join(words))
         self.passive = bool(guards._PASSIVE.search(lower))
         self.char3 = {self.compact[i : i + 3] for i in range(max(1, len(self.compact) - 2))}
         self.numbers = tuple(w for w in words if w[0].isdigit())
@@ -494,7 +497,7 @@ class _Text:
         self.negations = negs
         self.operators = tuple(sorted(o.strip() for o in _OPERATOR.findall(raw)))
         self.entities = [
-            re.sub(r"[^a-z0-9+#]", "", e.lower())
+            _NOT_WORD.sub("", e.lower())
             for e in _CAPS.findall(raw)
             if e.lower() not in _STOP and e.lower() not in guards._STARTERS
         ]
@@ -569,7 +572,7 @@ def _antonym(q: _Text, c: _Text) -> float:
 
 
 def _found(entity: str, other: _Text) -> bool:
-    alias = re.sub(r"[^a-z0-9+#]", "", _ALIASES.get(entity, entity))
+    alias = _NOT_WORD.sub("", _ALIASES.get(entity, entity))
     return entity in other.compact or alias in other.compact
 
 
