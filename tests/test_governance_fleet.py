@@ -75,10 +75,10 @@ def stack(tmp_path_factory) -> Iterator[tuple[list[str], RedisServer]]:
         policy.write_text(
             f"""
 governance:
-  sync: {{lease_fraction: 0.01}}  # leases of ~1% of what is left: Redis is used every ~30 requests
+  sync: {{lease_fraction: 0.005}}  # small leases: Redis is asked every ~150 requests of "steady"
   tenants:
     noisy: {{limits: {{requests_per_minute: {RPM}}}}}
-    steady: {{limits: {{requests_per_minute: 3000, max_concurrent: 1000}}}}
+    steady: {{limits: {{requests_per_minute: 30000, max_concurrent: 1000}}}}
 providers:
   a: {{base_url: '{fleet.url("a")}', models: {{'*': sim}}}}
   b: {{base_url: '{fleet.url("b")}', models: {{'*': sim}}}}
