@@ -1,7 +1,8 @@
-"""Accept: parse the body once and check only what the gateway itself needs.
+"""Accept: parse the body once and check what the gateway reads or every provider rejects.
 
-Everything else in the body (tools, response_format, logprobs, seed, vendor extensions) is kept in
-the raw dict and passes through untouched, except fields that only mean something to SDKs or to
+The fields checked (types, ranges, message and tool shapes: see request_checks.py) get a 400 in
+OpenAI's shape, never an upstream call. Everything else in the body (vendor extensions, fields
+not listed there) is kept in the raw dict and passes through untouched, except fields that only mean something to SDKs or to
 other proxies (`api_base`, `api_key`, `extra_headers`, ...): a client must not steer where or how
 the gateway talks to a provider. Nesting depth and `n` are bounded.
 """
@@ -14,6 +15,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.errors import GatewayError, bad_request
+from gateway.request_checks import below_min, check_fields, check_messages, invalid_type, missing
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 # Client-library and proxy settings sent in the body by mistake (or on purpose): never forwarded.
@@ -47,35 +49,7 @@ class Accepted:
     max_tokens: int | None
 
 
-def _type_error(param: str, expected: str) -> GatewayError:
-    return bad_request(
-        f"Invalid type for '{param}': expected {expected}.", param=param, code="invalid_type"
-    )
-
-
-def _missing(param: str) -> GatewayError:
-    return bad_request(
-        f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
-    )
-
-
-def _check_messages(messages: Any) -> None:
-    if not isinstance(messages, list):
-        raise _type_error("messages", "an array of message objects")
-    if not messages:
-        raise bad_request(
-            "'messages' must contain at least one message.", param="messages", code="empty_array"
-        )
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise _type_error(f"messages[{i}]", "an object")
-        role = m.get("role")
-        if not isinstance(role, str):
-            raise (
-                _missing(f"messages[{i}].role")
-                if role is None
-                else _type_error(f"messages[{i}].role", "a string")
-            )
+_missing = missing
 
 
 def _nested(limit: int) -> GatewayError:
@@ -89,9 +63,9 @@ def _opt_int(body: dict[str, Any], name: str) -> int | None:
     if v is None:
         return None
     if not isinstance(v, int) or isinstance(v, bool):
-        raise _type_error(name, "an integer")
+        raise invalid_type(name, "an integer", v)
     if v < 1:
-        raise bad_request(f"'{name}' must be at least 1.", param=name, code="invalid_value")
+        raise below_min(name, 1, v)
     return v
 
 
@@ -137,34 +111,34 @@ def accept(
     model = body.get("model")
     if model is None:
         raise _missing("model")
-    if not isinstance(model, str) or not model:
-        raise _type_error("model", "a non-empty string")
+    if not isinstance(model, str):
+        raise invalid_type("model", "a string", model)
+    if not model:
+        raise _missing("model")
     if endpoint == "chat":
         if "messages" not in body:
             raise _missing("messages")
-        _check_messages(body["messages"])
+        check_messages(body["messages"])
     elif endpoint == "completions":
         prompt = body.get("prompt")
         if prompt is None:
             raise _missing("prompt")
         if not isinstance(prompt, (str, list)):
-            raise _type_error("prompt", "a string or an array")
+            raise invalid_type("prompt", "one of a string or array", prompt)
     else:
         inp = body.get("input")
         if inp is None:
             raise _missing("input")
         if not isinstance(inp, (str, list)):
-            raise _type_error("input", "a string or an array")
+            raise invalid_type("input", "one of a string or array", inp)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise _type_error("stream", "a boolean")
+        raise invalid_type("stream", "a boolean", stream)
     if endpoint == "embeddings" and stream:
         raise bad_request("Embeddings cannot be streamed.", param="stream", code="invalid_value")
-    so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        raise _type_error("stream_options", "an object")
+    check_fields(body, endpoint, stream)
     max_tokens = _opt_int(body, "max_completion_tokens") or _opt_int(body, "max_tokens")
     for name in ("n", "best_of"):
         n = _opt_int(body, name)

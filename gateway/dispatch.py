@@ -40,6 +40,7 @@ from gateway.resilience.budget import RetryBudget
 from gateway.resilience.failures import failure_kind
 from gateway.resilience.hedge import HedgeTracker
 from gateway.resilience.retry import Retrier, RetrySettings
+from gateway.response_model import ModelName, for_alias
 from gateway.router import Router
 from gateway.routing.member import SignalKind, latency_signal
 from gateway.runtime import ProviderState, Snapshot
@@ -331,6 +332,7 @@ class Dispatcher:
         """The first successful answer's body and headers; raises GatewayError or PassThrough."""
         self.retrier(snap).record_request()
         path = PATHS[acc.endpoint]
+        rename = answer_model(snap, acc)
 
         async def call(m: ProviderState) -> tuple[UpstreamResponse, dict[str, Any]]:
             # Headers per attempt: the trace context names this attempt's span.
@@ -344,6 +346,8 @@ class Dispatcher:
                 raise UpstreamFailure("bad_response", str(e)) from None
             if snap.redactor:
                 resp.body = snap.redactor.bytes(resp.body)
+            if rename is not None:
+                resp.body = rename(resp.body)
             return resp, doc
 
         candidates = self.candidates(snap, decision, ctx)
@@ -531,6 +535,7 @@ class StreamRelay:
         self.candidates = candidates
         self.on_complete, self.on_abort = on_complete, on_abort
         self.resume = decision.alias.resume and acc.endpoint == "chat"
+        self.rename = answer_model(snap, acc)
         self.assembler = StreamAssembler() if (on_complete is not None or self.resume) else None
         self.resumed_from: str | None = None
         self._partial_tokens = 0  # output already sent when the stream was last resumed
@@ -609,6 +614,7 @@ class StreamRelay:
         continuation = self.resumed_from is not None
         gov = self.ctx.governance
         watch = gov if gov is not None and gov.watch_stream else None
+        rename = self.rename
         try:
             chunks = _prepend(stream.first, stream.chunks())
             async for chunk in chunks:
@@ -618,6 +624,8 @@ class StreamRelay:
                     if check.done:
                         continue  # nothing after the end marker
                     ev = check.event(ev)
+                    if rename is not None:
+                        ev = rename(ev)
                     if continuation:
                         ev = self._splice(ev)
                         if ev is None:
@@ -729,6 +737,12 @@ class StreamRelay:
         if usage or any(c.get("finish_reason") for c in choices):
             chunk["gateway_resumed"] = {"from": self.resumed_from, "on": self.ctx.provider}
         return encode_event(orjson.dumps(chunk))
+
+
+def answer_model(snap: Snapshot, acc: Accepted) -> ModelName | None:
+    """The `model` rewrite of the client's alias (its `response_model` setting)."""
+    alias = snap.policy.models.get(acc.model)
+    return for_alias(alias.response_model, acc.model) if alias is not None else None
 
 
 def _error_fields(body: bytes) -> dict[str, Any] | None:

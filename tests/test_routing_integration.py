@@ -57,6 +57,7 @@ models:
     pool: big-batch
     routes: {{interactive: low-latency, long: big-batch, priority: priority, bulk: bulk}}
     context_window: 32768
+    response_model: provider
   small:
     pool: low-latency
     routes: {{interactive: low-latency}}

@@ -181,6 +181,11 @@ class Alias(Strict):
         description="Resume a stream that breaks mid-way on another member, spliced into the same "
         "client stream (the upstream must continue a trailing assistant message).",
     )
+    response_model: Literal["alias", "provider"] = Field(
+        "alias",
+        description="The `model` named in answers: the alias the client asked for, or the "
+        "provider's own model id.",
+    )
 
 
 class ApiKey(Strict):

@@ -1,0 +1,42 @@
+"""The `model` clients read in answers: the alias they asked for (default) or the provider's id.
+
+A client that asked for `demo` expects `demo` back, whichever member answered (OpenAI answers with
+the model asked for, or a dated snapshot of it). The policy may keep the provider's own id
+(`response_model: provider` on the alias), e.g. to see which deployment answered.
+
+The rewrite is a byte splice of the first `"model": "..."` member of a body or stream event (the
+top-level one: OpenAI-shaped answers have no other unescaped `"model"` key), without a parse;
+an event that already names the alias is left as it is.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+_MODEL = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
+
+
+class ModelName:
+    """Rewrites the `model` member of answers to one name."""
+
+    __slots__ = ("_member", "_same")
+
+    def __init__(self, name: str) -> None:
+        value = orjson.dumps(name)
+        self._member = b'"model":' + value
+        self._same = (self._member, b'"model": ' + value)
+
+    def __call__(self, data: bytes) -> bytes:
+        if self._same[0] in data or self._same[1] in data:
+            return data
+        m = _MODEL.search(data)
+        if m is None or (m.start() and data[m.start() - 1] == 0x5C):  # an escaped quote: text
+            return data
+        return data[: m.start()] + self._member + data[m.end() :]
+
+
+def for_alias(mode: str, alias: str) -> ModelName | None:
+    """The rewrite for an alias's `response_model` setting (None: answers are left as they are)."""
+    return ModelName(alias) if mode == "alias" else None
