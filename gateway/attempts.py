@@ -180,8 +180,8 @@ def settle_failure(
         ctx.trace.attempt_failed(f)
     kind = failure_kind(f.kind)
     routing = member.member
-    if kind is FailureKind.UPSTREAM_4XX:
-        routing.release()  # the request's fault, not the member's
+    if kind is FailureKind.UPSTREAM_4XX or kind is FailureKind.UNSUPPORTED:
+        routing.release()  # the request's fault (or the type's reach), not the member's
         member.breaker.release()
         admission.released()
         return

@@ -34,6 +34,7 @@ from gateway.chunks import StreamAssembler
 from gateway.context import Context
 from gateway.decide import Decision
 from gateway.errors import GatewayError
+from gateway.providers.base import UnsupportedEndpoint
 from gateway.redact import Redactor, sanitize_message
 from gateway.resilience.admission import Admission
 from gateway.resilience.budget import RetryBudget
@@ -63,12 +64,14 @@ _EXHAUSTED_STATUS = {
     "stream_broken": (502, "upstream_error"),
     "upstream_auth": (502, "upstream_auth_failed"),
     "bad_response": (502, "upstream_bad_response"),
+    "unsupported": (400, "unsupported_endpoint"),
 }
 # What the client reads when the last failure was of this kind (never an upstream's own words).
 _EXHAUSTED_MESSAGE = {
     "upstream_auth": "The provider refused the gateway's credentials for this model or does not "
     "serve it. This is a gateway configuration problem, not a problem with your API key.",
     "bad_response": "The provider's answer was not a valid response for this endpoint.",
+    "unsupported": "No provider of this model serves this endpoint.",
 }
 # An upstream error field kept in the gateway's error: a short token, never free text.
 _TOKEN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -336,10 +339,14 @@ class Dispatcher:
 
         async def call(m: ProviderState) -> tuple[UpstreamResponse, dict[str, Any]]:
             # Headers per attempt: the trace context names this attempt's span.
-            body = self.upstream_body(acc.body, acc.model, m)
-            resp = await m.client.send(
-                path, body, upstream_headers(ctx), m.config.timeouts, acc.max_tokens
-            )
+            adapter = m.client.adapter
+            if adapter.passthrough:
+                body = self.upstream_body(acc.body, acc.model, m)
+                resp = await m.client.send(
+                    path, body, upstream_headers(ctx), m.config.timeouts, acc.max_tokens
+                )
+            else:
+                resp = await self._send_mapped(m, acc, ctx)
             try:
                 doc = check_unary(acc.endpoint, resp.body)  # the one parse of the answer
             except InvalidAnswer as e:
@@ -359,6 +366,23 @@ class Dispatcher:
         ctx.response_body = resp.body
         return resp.body, resp.headers
 
+    @staticmethod
+    async def _send_mapped(m: ProviderState, acc: Accepted, ctx: Context) -> UpstreamResponse:
+        """A unary attempt through a mapping adapter: its request, its answer as OpenAI JSON."""
+        adapter = m.client.adapter
+        if not adapter.supports(acc.endpoint):
+            raise UnsupportedEndpoint(m.config.type, acc.endpoint)
+        req = adapter.request(acc.endpoint, acc.body, m.config.model_for(acc.model), False)
+        headers = upstream_headers(ctx)
+        if req.headers:
+            headers = {**headers, **req.headers} if headers else req.headers
+        resp = await m.client.send(req.path, req.body, headers, m.config.timeouts, acc.max_tokens)
+        try:
+            resp.body = adapter.response(acc.endpoint, resp.body)
+        except InvalidAnswer as e:
+            raise UpstreamFailure("bad_response", str(e)) from None
+        return resp
+
     async def open_stream(
         self,
         snap: Snapshot,
@@ -367,12 +391,26 @@ class Dispatcher:
         path: str,
         candidates: Candidates,
         ctx: Context,
+        endpoint: str = "chat",
     ) -> tuple[UpstreamStream, ProviderState, float]:
         """Open a stream on the first member that delivers a first chunk."""
 
         def call(m: ProviderState) -> Awaitable[UpstreamStream]:
-            upstream = self.upstream_body(body, alias, m)
-            return m.client.open_stream(path, upstream, upstream_headers(ctx), m.config.timeouts)
+            adapter = m.client.adapter
+            if adapter.passthrough:
+                upstream = self.upstream_body(body, alias, m)
+                return m.client.open_stream(
+                    path, upstream, upstream_headers(ctx), m.config.timeouts
+                )
+            if not adapter.supports(endpoint):
+                raise UnsupportedEndpoint(m.config.type, endpoint)
+            model = m.config.model_for(alias)
+            req = adapter.request(endpoint, body, model, True)
+            headers = upstream_headers(ctx)
+            if req.headers:
+                headers = {**headers, **req.headers} if headers else req.headers
+            translate = adapter.stream(endpoint, body, model)
+            return m.client.open_stream(req.path, req.body, headers, m.config.timeouts, translate)
 
         return await self._first_success(snap, candidates, ctx, call)
 
@@ -389,7 +427,7 @@ class Dispatcher:
         candidates = self.candidates(snap, decision, ctx)
         path = PATHS[acc.endpoint]
         stream, member, start = await self.open_stream(
-            snap, acc.body, acc.model, path, candidates, ctx
+            snap, acc.body, acc.model, path, candidates, ctx, acc.endpoint
         )
         headers = {**stream.headers, **ctx.headers()}
         headers.pop("content-type", None)

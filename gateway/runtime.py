@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from gateway.auth import KeyRing
 from gateway.policy.loader import policy_fingerprint
 from gateway.policy.schema import Policy, Pool, Provider
+from gateway.providers.registry import make_adapter
 from gateway.redact import Redactor, provider_secrets
 from gateway.resilience.breaker import BreakerRegistry, CircuitBreaker
 from gateway.routing.balancer import Balancer, BalancerSettings, make_balancer
@@ -71,7 +72,8 @@ class Snapshot:
 
 
 def _client(name: str, cfg: Provider) -> UpstreamClient:
-    return UpstreamClient(name, cfg, _api_key(cfg))
+    key = _api_key(cfg)
+    return UpstreamClient(name, cfg, key, make_adapter(cfg, key))
 
 
 def _api_key(cfg: Provider) -> str | None:

@@ -18,12 +18,12 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from gateway.policy.schema import Provider, Timeouts
-from gateway.validate import InvalidAnswer, first_event_complete, is_event_stream
+from gateway.validate import InvalidAnswer
 
 # Response headers are never forwarded wholesale: a provider or its proxy adds organisation ids,
 # internal host names, cookies, CORS and `www-authenticate` headers. The gateway sets its own
@@ -185,6 +185,8 @@ class UpstreamStream:
     _idle_s: float
     closed: bool = field(default=False)
     _release: Callable[[], None] | None = None  # gives the client's pool back (once)
+    # The adapter's stream mapping (provider events -> OpenAI chunks); None: relayed as they are.
+    _translate: Callable[[bytes], bytes] | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The remaining raw chunks; raises UpstreamFailure(idle_timeout|total_timeout|stream_broken)."""
@@ -209,6 +211,10 @@ class UpstreamStream:
                         self._check_complete()
                         return
                     continue
+                if self._translate is not None:
+                    chunk = self._translate(chunk)
+                    if not chunk:
+                        continue
                 yield chunk
         finally:
             await self.aclose()
@@ -231,6 +237,20 @@ class UpstreamStream:
                 release()
 
 
+class WireFormat(Protocol):
+    """What the transport needs from a provider adapter (gateway.providers.base.Adapter)."""
+
+    def session_headers(self) -> dict[str, str]: ...
+
+    def failure(
+        self, status: int, body: bytes, headers: Mapping[str, str], ratelimit: bool
+    ) -> UpstreamFailure: ...
+
+    def is_stream(self, content_type: str | None) -> bool: ...
+
+    def first_event_complete(self, buf: bytes) -> bool: ...
+
+
 class UpstreamClient:
     """A pooled client for one provider. Created once per provider, reused across requests.
 
@@ -243,15 +263,22 @@ class UpstreamClient:
     come in between.
     """
 
-    def __init__(self, name: str, config: Provider, api_key: str | None) -> None:
+    def __init__(
+        self, name: str, config: Provider, api_key: str | None, adapter: Any = None
+    ) -> None:
         self.name = name
         self.config = config
         self._base = config.base_url.rstrip("/")
         self.stale_resends = 0  # requests re-sent because a pooled connection had been closed
-        headers = {"content-type": "application/json", **config.headers}
-        if api_key:
-            headers["authorization"] = f"Bearer {api_key}"
-        self._headers = headers
+        if adapter is None:
+            from gateway.providers.registry import make_adapter  # the default: by config.type
+
+            adapter = make_adapter(config, api_key)
+        # The provider type's adapter: auth headers, error mapping, stream checks, and (in the
+        # dispatcher) request, answer and stream mapping.
+        self.adapter = adapter
+        self._wire: WireFormat = adapter
+        self._headers = adapter.session_headers()
         self._limits = config.limits
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -418,10 +445,15 @@ class UpstreamClient:
     def _failure(self, status: int, body: bytes, headers: Mapping[str, str]) -> UpstreamFailure:
         if status < 400:  # a redirect (never followed) or another non-answer
             return UpstreamFailure("bad_response", f"provider answered {status}", status=status)
-        return _status_failure(status, body, headers, self.config.forward_ratelimit_headers)
+        return self._wire.failure(status, body, headers, self.config.forward_ratelimit_headers)
 
     async def open_stream(
-        self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str] | None,
+        timeouts: Timeouts,
+        translate: Callable[[bytes], bytes] | None = None,
     ) -> UpstreamStream:
         """Open a stream and wait for its first complete event (bounded by first_byte_s).
 
@@ -431,7 +463,7 @@ class UpstreamClient:
         """
         self._hold()
         try:
-            stream = await self._open_stream(path, body, headers, timeouts)
+            stream = await self._open_stream(path, body, headers, timeouts, translate)
         except BaseException:
             self._give_back()
             raise
@@ -439,7 +471,12 @@ class UpstreamClient:
         return stream
 
     async def _open_stream(
-        self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str] | None,
+        timeouts: Timeouts,
+        translate: Callable[[bytes], bytes] | None,
     ) -> UpstreamStream:
         start = time.monotonic()
         deadline = start + timeouts.total_s
@@ -453,12 +490,16 @@ class UpstreamClient:
                     finally:
                         resp.close()
                     raise self._failure(resp.status, content, resp.headers)
-                if not is_event_stream(resp.headers.get("content-type")):
+                if not self._wire.is_stream(resp.headers.get("content-type")):
                     raise UpstreamFailure("bad_response", "answer to a stream is not an SSE stream")
                 first = await self._first_event(resp)
-        except UpstreamFailure:
+                if translate is not None:
+                    first = translate(first)
+        except (UpstreamFailure, InvalidAnswer) as e:
             if resp is not None:
                 resp.close()
+            if isinstance(e, InvalidAnswer):
+                raise UpstreamFailure("bad_response", str(e)) from None
             raise
         except aiohttp.ConnectionTimeoutError:
             raise UpstreamFailure("connect_timeout", "connect timed out") from None
@@ -483,6 +524,7 @@ class UpstreamClient:
             _response=resp,
             _deadline=deadline,
             _idle_s=timeouts.idle_s,
+            _translate=translate,
         )
 
     async def _first_event(self, resp: aiohttp.ClientResponse) -> bytes:
@@ -497,7 +539,7 @@ class UpstreamClient:
                 continue
             buf += chunk
             try:
-                if first_event_complete(buf):
+                if self._wire.first_event_complete(buf):
                     return buf
             except InvalidAnswer as e:
                 raise UpstreamFailure("bad_response", str(e)) from None

@@ -16,6 +16,7 @@ from gateway.cache.exact import ExactSettings
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
 from gateway.classify import ClassRule
 from gateway.governance.settings import Governance
+from gateway.providers.settings import AzureSettings, ProviderType
 from gateway.replicas import ReplicaSettings
 from gateway.resilience.admission import QueueSettings
 from gateway.resilience.breaker import BreakerSettings
@@ -68,8 +69,13 @@ class Price(Strict):
 
 
 class Provider(Strict):
-    """One OpenAI-compatible upstream (an endpoint or a deployment)."""
+    """One upstream (an endpoint or a deployment), spoken to through the adapter of its type."""
 
+    type: ProviderType = Field(
+        "openai",
+        description="Wire format: openai (also vLLM, SGLang, llama.cpp, ...), azure, anthropic.",
+    )
+    azure: AzureSettings | None = Field(None, description="Settings of `type: azure`.")
     base_url: str = Field(pattern=r"^https?://", description="Ends with the API root, e.g. .../v1")
     api_key_env: str | None = Field(
         None, description="Name of the env var holding the provider key."
@@ -133,6 +139,26 @@ class Provider(Strict):
             # The gateway's own secrets (admin key, tenant keys) must never be sent upstream.
             raise ValueError(f"'{v}': provider keys may not be read from GATEWAY_* variables")
         return v
+
+    @model_validator(mode="after")
+    def _sections_match_type(self) -> Provider:
+        # A section for another type is a typo or a half-edited provider: refuse it.
+        for section in TYPE_SECTIONS:
+            if section != self.type and getattr(self, section) is not None:
+                raise ValueError(f"'{section}:' settings given for a provider of type {self.type}")
+        if self.type == "azure":
+            path = urlsplit(self.base_url).path.rstrip("/")
+            if path:
+                raise ValueError(
+                    f"base_url: for type azure give the resource endpoint without a path "
+                    f"(https://NAME.openai.azure.com), not '{path}': the adapter builds the path"
+                )
+            for alias, deployment in self.models.items():
+                if not AZURE_DEPLOYMENT.match(deployment):
+                    raise ValueError(
+                        f"models.{alias}: '{deployment}' is not an Azure deployment name"
+                    )
+        return self
 
     def model_for(self, alias: str) -> str:
         return self.models.get(alias) or self.models.get("*") or alias
@@ -332,6 +358,9 @@ class Policy(Strict):
         return self
 
 
+# Provider fields holding the settings of one type (named after it).
+TYPE_SECTIONS = ("azure",)
+AZURE_DEPLOYMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 GATEWAY_ENV_PREFIX = "GATEWAY_"

@@ -32,6 +32,9 @@ class FailureKind(StrEnum):
     # An unexpected exception inside an attempt (a bug or a library error on an odd answer):
     # a failure of that attempt like any other, retried on another member, never a 500.
     ATTEMPT_ERROR = "attempt_error"
+    # The member's provider type cannot serve the endpoint (an embeddings request to an
+    # Anthropic member): nothing was sent, another member of the pool may serve it.
+    UNSUPPORTED = "unsupported"
 
 
 def failure_kind(kind: str) -> FailureKind:
@@ -48,7 +51,9 @@ _NEVER_RETRYABLE = frozenset({FailureKind.UPSTREAM_4XX})
 
 # Kinds that say nothing about the provider's health: a 4xx is the request's fault and a 429
 # is handled by a timed cool-down (Retry-After) rather than by tripping the breaker.
-_NOT_A_HEALTH_SIGNAL = frozenset({FailureKind.UPSTREAM_4XX, FailureKind.RATE_LIMITED})
+_NOT_A_HEALTH_SIGNAL = frozenset(
+    {FailureKind.UPSTREAM_4XX, FailureKind.RATE_LIMITED, FailureKind.UNSUPPORTED}
+)
 
 
 # Kinds that are certain on the first occurrence: a revoked key does not heal in seconds, so the

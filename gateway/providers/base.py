@@ -1,0 +1,123 @@
+"""The provider adapter interface and the registry of adapters by policy `type:`.
+
+Inside, the gateway speaks OpenAI: chat completions, completions and embeddings, their chunks
+and their errors. An adapter maps one provider's wire format onto that, in four places:
+
+- the request: path (with query), per-request headers and body (`request`), plus the headers
+  every request carries, auth included (`session_headers`);
+- the unary answer, into an OpenAI chat completion with usage (`response`);
+- the stream, provider events into OpenAI chunks ending with `[DONE]` (`stream`), after the
+  transport has checked the stream's start (`is_stream`, `first_event_complete`);
+- errors, into the gateway's failure kinds (`failure`), with the body rewritten into OpenAI's
+  error shape so that the pass-through of a 4xx and the context-overflow rewrite see one shape.
+
+An adapter whose provider speaks OpenAI as it is sets `passthrough = True`: the dispatcher then
+sends the client's body with only the model replaced and relays the answer bytes untouched (the
+hot path, no copy). Adding an adapter: subclass `Adapter`, decorate it with `@register`, import
+its module in gateway/providers/__init__.py and add its name to `settings.ProviderType`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gateway.policy.schema import Provider
+from gateway.upstream import UpstreamFailure, _status_failure
+from gateway.validate import first_event_complete, is_event_stream
+
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+@dataclass(slots=True)
+class UpstreamRequest:
+    """What to send for one attempt."""
+
+    path: str  # appended to the provider's base_url; may carry a query string
+    body: bytes
+    headers: dict[str, str] | None = None  # per request (e.g. a signature), over the session's
+
+
+# Raw provider stream bytes in, OpenAI SSE bytes out (possibly empty: nothing complete yet).
+# Stateful, one per stream; raises InvalidAnswer or UpstreamFailure on a bad or error event.
+StreamTranslator = Callable[[bytes], bytes]
+
+
+class UnsupportedEndpoint(UpstreamFailure):
+    """The member's provider type cannot serve this endpoint: another member may."""
+
+    def __init__(self, provider_type: str, endpoint: str) -> None:
+        super().__init__("unsupported", f"a {provider_type} provider does not serve {endpoint}")
+
+
+class Adapter:
+    """Maps one provider type's wire format to and from the gateway's OpenAI shapes."""
+
+    type: ClassVar[str] = ""
+    # Speaks OpenAI as it is: `request`/`response`/`stream` are never called (the fast path).
+    passthrough: ClassVar[bool] = False
+    # The gateway endpoints this provider type can serve ("chat", "completions", "embeddings").
+    endpoints: ClassVar[frozenset[str]] = frozenset({"chat"})
+
+    def __init__(self, config: Provider, api_key: str | None) -> None:
+        self.config = config
+        self.api_key = api_key
+
+    # -- transport hooks (gateway.upstream.UpstreamClient) ------------------------------------
+
+    def session_headers(self) -> dict[str, str]:
+        """Headers on every request: content type, auth, version; the policy's `headers` win."""
+        return {**JSON_HEADERS, **self.auth_headers(), **self.config.headers}
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def failure(
+        self, status: int, body: bytes, headers: Mapping[str, str], ratelimit: bool
+    ) -> UpstreamFailure:
+        """A provider's error status as an attempt failure (body in OpenAI's error shape)."""
+        return _status_failure(status, body, headers, ratelimit)
+
+    def is_stream(self, content_type: str | None) -> bool:
+        return is_event_stream(content_type)
+
+    def first_event_complete(self, buf: bytes) -> bool:
+        """Whether `buf` holds the stream's first complete event; raises InvalidAnswer."""
+        return first_event_complete(buf)
+
+    # -- mapping hooks (gateway.dispatch) -----------------------------------------------------
+
+    def supports(self, endpoint: str) -> bool:
+        return endpoint in self.endpoints
+
+    def request(
+        self, endpoint: str, body: dict[str, Any], model: str, stream: bool
+    ) -> UpstreamRequest:
+        """The provider request for an OpenAI-shaped body; `model` is the provider's model id."""
+        raise NotImplementedError
+
+    def response(self, endpoint: str, body: bytes) -> bytes:
+        """The provider's unary answer as OpenAI JSON bytes; raises InvalidAnswer."""
+        raise NotImplementedError
+
+    def stream(self, endpoint: str, body: dict[str, Any], model: str) -> StreamTranslator | None:
+        """A translator for one stream of this request (`body` is the OpenAI request); None
+        when the provider's events are OpenAI chunks already."""
+        raise NotImplementedError
+
+
+ADAPTERS: dict[str, type[Adapter]] = {}
+
+
+def register(cls: type[Adapter]) -> type[Adapter]:
+    """Class decorator: make `cls` the adapter of providers with `type: cls.type`."""
+    if not cls.type or cls.type in ADAPTERS:
+        raise ValueError(f"adapter type '{cls.type}' is empty or registered twice")
+    ADAPTERS[cls.type] = cls
+    return cls
+
+
+def make_adapter(config: Provider, api_key: str | None) -> Adapter:
+    """The adapter for a provider's configured type."""
+    return ADAPTERS[config.type](config, api_key)
