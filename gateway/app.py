@@ -26,7 +26,10 @@ from gateway.admin import (
     is_admin,
     require_admin,
 )
+from gateway.apis import messages as messages_api
+from gateway.apis.exchange import InboundAPI
 from gateway.cache.semantic_layer import SemanticLayer
+from gateway.context import Context
 from gateway.drain import Drain
 from gateway.errors import GatewayError
 from gateway.fallback import Fallbacks
@@ -36,7 +39,7 @@ from gateway.health import Reachability
 from gateway.http_protocol import configure_connections
 from gateway.logs import AccessLog
 from gateway.metrics_workers import WorkerMetrics
-from gateway.pipeline import Pipeline
+from gateway.pipeline import Pipeline, read_body
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
 from gateway.recent import RecentRequests
@@ -225,6 +228,26 @@ def create_app(
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
         return await pipeline.handle(request, "embeddings")
+
+    # Other inbound APIs: translated to chat, the same pipeline (gateway.apis).
+    inbound: dict[str, InboundAPI] = {"/v1/messages": messages_api.MessagesAPI()}
+    app.state.inbound = inbound
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await pipeline.handle(request, "chat", inbound["/v1/messages"])
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        exchange = messages_api.MessagesExchange()
+        headers = {"x-gateway-token-count": "estimate (tiktoken)"}
+        try:
+            await governance.authenticate(runtime.snapshot, exchange.authorization(request.headers))
+            raw = await read_body(request, runtime.snapshot.policy.server.max_body_bytes)
+            doc = await messages_api.count_tokens(raw, runtime.snapshot.policy.models)
+            return Response(orjson.dumps(doc), media_type="application/json", headers=headers)
+        except GatewayError as e:
+            return await exchange.respond(e.to_response(headers), Context("", 0.0))
 
     @app.post("/v1/gateway/explain")
     async def explain(request: Request) -> Response:

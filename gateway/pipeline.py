@@ -21,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway import errors
 from gateway.accept import Accepted, Endpoint, accept
+from gateway.apis.exchange import Exchange, InboundAPI, safe_respond
 from gateway.attempts import Shed
 from gateway.cache.exact import MemoryLRU, RedisStore, Store, cacheable, exact_key
 from gateway.cache.semantic_layer import SemanticLayer, SemanticPlan
@@ -134,12 +135,17 @@ class Pipeline:
         if observer is not None and observer not in self.observers:
             self.observers.append(observer)
 
-    async def handle(self, request: Request, endpoint: Endpoint) -> Response:
+    async def handle(
+        self, request: Request, endpoint: Endpoint, inbound: InboundAPI | None = None
+    ) -> Response:
+        """One request of `endpoint`; with `inbound` (gateway.apis), another API's request
+        translated to chat on the way in and its answer translated back on the way out."""
         ctx = Context(client_request_id(request.headers.get("x-request-id")), time.perf_counter())
-        ctx.endpoint = endpoint
+        ctx.endpoint = endpoint if inbound is None else inbound.name
+        exchange = inbound.begin() if inbound is not None else None
         self.tracing.begin(ctx, request)  # root span, only when tracing is on
         try:
-            response = await self._handle(request, ctx)
+            response = await self._handle(request, ctx, endpoint, exchange)
         except Exception as exc:  # a bug: still an answer in the API's shape, and recorded
             log.exception("unexpected error", exc_info=exc)
             response = errors.internal_error().to_response(ctx.headers())
@@ -147,6 +153,8 @@ class Pipeline:
             ctx.status = ctx.status or 499
             self.record(ctx)
             raise
+        if exchange is not None:
+            response = await safe_respond(exchange, response, ctx)
         ctx.status = response.status_code
         if isinstance(response, StreamingResponse):
             ctx.on_done = self.record  # 7. Record, once the stream has ended
@@ -164,18 +172,24 @@ class Pipeline:
         for observe in self.observers:
             observe(ctx)
 
-    async def _handle(self, request: Request, ctx: Context) -> Response:
-        endpoint: Endpoint = ctx.endpoint  # type: ignore[assignment]
+    async def _handle(
+        self, request: Request, ctx: Context, endpoint: Endpoint, exchange: Exchange | None
+    ) -> Response:
         snap = self.runtime.snapshot
         try:
             # 1. Accept
-            principal = await self.governance.authenticate(
-                snap, request.headers.get("authorization")
+            authorization = (
+                request.headers.get("authorization")
+                if exchange is None
+                else exchange.authorization(request.headers)
             )
+            principal = await self.governance.authenticate(snap, authorization)
             ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
             server = snap.policy.server
             raw = await read_body(request, server.max_body_bytes)
             ctx.request_body = raw
+            if exchange is not None:
+                raw = await exchange.request(raw, ctx)  # the client's API -> a chat body
             acc = accept(raw, endpoint, max_n=server.max_n, max_depth=server.max_json_depth)
             return await self._serve(snap, acc, raw, ctx, request.headers, principal)
         except PassThrough as p:

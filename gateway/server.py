@@ -13,6 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import errors
 from gateway.accept import Endpoint
+from gateway.apis.exchange import InboundAPI
 from gateway.app import create_app
 from gateway.pipeline import Pipeline
 from gateway.policy.loader import load_policy
@@ -40,6 +41,7 @@ class FastRoutes:
     def __init__(self, app: FastAPI) -> None:
         self.app = app
         self.pipeline: Pipeline = app.state.pipeline
+        self.inbound: dict[str, InboundAPI] = getattr(app.state, "inbound", {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not self.app.user_middleware:
@@ -48,10 +50,13 @@ class FastRoutes:
             if root and path.startswith(root):
                 path = path[len(root) :]
             endpoint = FAST_ROUTES.get(path)
-            if endpoint is not None:
+            api = self.inbound.get(path) if endpoint is None else None
+            if endpoint is not None or api is not None:
                 scope["app"] = self.app
                 try:
-                    response = await self.pipeline.handle(Request(scope, receive), endpoint)
+                    response = await self.pipeline.handle(
+                        Request(scope, receive), endpoint or "chat", api
+                    )
                 except Exception as exc:
                     log.exception("unexpected error", exc_info=exc)
                     response = errors.internal_error().to_response()

@@ -1,0 +1,576 @@
+"""The Anthropic Messages API (`POST /v1/messages`) on top of the gateway's chat pipeline.
+
+Request: system prompt (string or text blocks), text / image / tool_use / tool_result blocks,
+tools and tool_choice, stop_sequences, temperature, top_p, metadata.user_id, stream. Answer: a
+`message` object, or Anthropic's event sequence (message_start, content_block_start/delta/stop
+with text_delta and input_json_delta, message_delta with stop_reason and usage, message_stop).
+Errors use Anthropic's shape and status codes. What a chat-only provider cannot express (thinking,
+citations, cache_control, server tools, top_k) is dropped or refused: see README "Inbound APIs".
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.responses import Response
+
+from gateway.apis.exchange import (
+    error_fields,
+    is_stream,
+    rebuild,
+    translate_stream,
+)
+from gateway.context import Context
+from gateway.errors import GatewayError, bad_request, model_not_found
+from gateway.tokens import encoding_for_model, estimate_prompt
+
+NAME = "messages"
+# Anthropic's error type per status; other statuses are mapped onto these first (`_status`).
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+STOP_REASONS = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "refusal",
+}
+# Server tools run by Anthropic itself (web search, code execution, ...) have a dated `type`;
+# a chat provider cannot run them.
+_CUSTOM_TOOL_TYPES = (None, "custom")
+
+
+def _status(status: int) -> int:
+    """The status an Anthropic client expects for a gateway status."""
+    if status in ERROR_TYPES:
+        return status
+    if status == 503:
+        return 529  # no provider available / providers rate limited: "overloaded", retried
+    if status >= 500:
+        return 500
+    if status in (408, 422):
+        return 400
+    return 400 if status >= 400 else status
+
+
+def anthropic_error(status: int, message: str) -> tuple[int, bytes]:
+    status = _status(status)
+    body = {
+        "type": "error",
+        "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
+    }
+    return status, orjson.dumps(body)
+
+
+def _err(message: str, param: str | None = None) -> GatewayError:
+    return bad_request(message, param=param, code="invalid_request_error")
+
+
+# -- request ------------------------------------------------------------------------------------
+
+
+def _text_of_blocks(content: Any, where: str) -> str:
+    """Text of a string or a list of text blocks (system prompt, tool_result content)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _err(f"{where}: expected a string or an array of content blocks.", where)
+    parts = []
+    for i, b in enumerate(content):
+        if not isinstance(b, dict) or b.get("type") != "text" or not isinstance(b.get("text"), str):
+            raise _err(f"{where}.{i}: only text blocks are supported here.", f"{where}.{i}")
+        parts.append(b["text"])
+    return "\n".join(parts) if where == "system" else "".join(parts)
+
+
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    src = block.get("source")
+    if not isinstance(src, dict):
+        raise _err(f"{where}.source: Field required", f"{where}.source")
+    kind = src.get("type")
+    if kind == "base64":
+        media, data = src.get("media_type"), src.get("data")
+        if not isinstance(media, str) or not isinstance(data, str):
+            raise _err(f"{where}.source: media_type and data are required.", f"{where}.source")
+        return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
+    if kind == "url" and isinstance(src.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": src["url"]}}
+    raise _err(
+        f"{where}.source.type: '{kind}' is not supported (use base64 or url).", f"{where}.source"
+    )
+
+
+def _tool_result_text(block: dict[str, Any], where: str) -> str:
+    content = block.get("content")
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for j, b in enumerate(content):
+            if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str):
+                parts.append(b["text"])
+            elif isinstance(b, dict) and b.get("type") == "image":
+                # A chat `tool` message carries text only.
+                raise _err(
+                    f"{where}.content.{j}: images inside tool_result are not supported by a "
+                    "chat provider.",
+                    f"{where}.content",
+                )
+            else:
+                raise _err(f"{where}.content.{j}: expected a text block.", f"{where}.content")
+        text = "".join(parts)
+    else:
+        raise _err(f"{where}.content: expected a string or blocks.", f"{where}.content")
+    return f"Error: {text}" if block.get("is_error") else text
+
+
+def _user_message(content: Any, where: str) -> list[dict[str, Any]]:
+    """A user turn: tool results become `tool` messages (first), the rest one user message."""
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    if not isinstance(content, list):
+        raise _err(f"{where}.content: expected a string or an array.", f"{where}.content")
+    tools: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for i, b in enumerate(content):
+        w = f"{where}.content.{i}"
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text" and isinstance(b.get("text"), str):
+            parts.append({"type": "text", "text": b["text"]})
+        elif kind == "image":
+            parts.append(_image_part(b, w))
+        elif kind == "tool_result":
+            tid = b.get("tool_use_id")
+            if not isinstance(tid, str):
+                raise _err(f"{w}.tool_use_id: Field required", f"{w}.tool_use_id")
+            tools.append({"role": "tool", "tool_call_id": tid, "content": _tool_result_text(b, w)})
+        elif (
+            kind == "document"
+            and isinstance(b.get("source"), dict)
+            and (b["source"].get("type") == "text" and isinstance(b["source"].get("data"), str))
+        ):
+            parts.append({"type": "text", "text": b["source"]["data"]})
+        else:
+            raise _err(f"{w}.type: '{kind}' blocks are not supported by this gateway.", w)
+    out = list(tools)
+    if parts:
+        if all(p["type"] == "text" for p in parts):
+            out.append({"role": "user", "content": "".join(p["text"] for p in parts)})
+        else:
+            out.append({"role": "user", "content": parts})
+    return out
+
+
+def _assistant_message(content: Any, where: str) -> dict[str, Any]:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    if not isinstance(content, list):
+        raise _err(f"{where}.content: expected a string or an array.", f"{where}.content")
+    text: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for i, b in enumerate(content):
+        w = f"{where}.content.{i}"
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text" and isinstance(b.get("text"), str):
+            text.append(b["text"])
+        elif kind == "tool_use":
+            if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
+                raise _err(f"{w}: tool_use needs an id and a name.", w)
+            calls.append(
+                {
+                    "id": b["id"],
+                    "type": "function",
+                    "function": {
+                        "name": b["name"],
+                        "arguments": orjson.dumps(b.get("input") or {}).decode(),
+                    },
+                }
+            )
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # a chat provider has no reasoning input: dropped
+        else:
+            raise _err(f"{w}.type: '{kind}' blocks are not supported by this gateway.", w)
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if calls:
+        msg["tool_calls"] = calls
+    elif msg["content"] is None:
+        msg["content"] = ""
+    return msg
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise _err("tools: expected an array.", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise _err(f"tools.{i}.name: Field required", f"tools.{i}.name")
+        if t.get("type") not in _CUSTOM_TOOL_TYPES:
+            raise _err(
+                f"tools.{i}.type: server tool '{t.get('type')}' cannot run on a chat provider; "
+                "only custom (client) tools are supported.",
+                f"tools.{i}.type",
+            )
+        fn: dict[str, Any] = {
+            "name": t["name"],
+            "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
+        }
+        if isinstance(t.get("description"), str):
+            fn["description"] = t["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any, body: dict[str, Any]) -> None:
+    if not isinstance(choice, dict):
+        raise _err("tool_choice: expected an object.", "tool_choice")
+    kind = choice.get("type")
+    if kind == "auto":
+        body["tool_choice"] = "auto"
+    elif kind == "any":
+        body["tool_choice"] = "required"
+    elif kind == "none":
+        body["tool_choice"] = "none"
+    elif kind == "tool" and isinstance(choice.get("name"), str):
+        body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    else:
+        raise _err(f"tool_choice.type: '{kind}' is not valid.", "tool_choice")
+    if choice.get("disable_parallel_tool_use") and "tools" in body:
+        body["parallel_tool_calls"] = False
+
+
+def parse(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise _err("The request body is empty; expected a JSON object.")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise _err(f"The request body is not valid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise _err("The request body must be a JSON object.")
+    return doc
+
+
+def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
+    """A Messages request as a chat request (raises GatewayError 400 naming the field)."""
+    model = req.get("model")
+    if not isinstance(model, str) or not model:
+        raise _err("model: Field required", "model")
+    max_tokens = req.get("max_tokens")
+    if not count_only and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise _err("max_tokens: Field required (an integer of at least 1)", "max_tokens")
+    messages = req.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _err("messages: Field required (a non-empty array)", "messages")
+    chat: list[dict[str, Any]] = []
+    system = req.get("system")
+    if system is not None and system != "" and system != []:
+        chat.append({"role": "system", "content": _text_of_blocks(system, "system")})
+    for i, m in enumerate(messages):
+        where = f"messages.{i}"
+        if not isinstance(m, dict):
+            raise _err(f"{where}: expected an object.", where)
+        role = m.get("role")
+        if role == "user":
+            chat += _user_message(m.get("content"), where)
+        elif role == "assistant":
+            chat.append(_assistant_message(m.get("content"), where))
+        else:
+            raise _err(f"{where}.role: expected 'user' or 'assistant'.", f"{where}.role")
+    body: dict[str, Any] = {"model": model, "messages": chat}
+    if not count_only:
+        body["max_tokens"] = max_tokens
+    for name in ("temperature", "top_p"):
+        if req.get(name) is not None:
+            body[name] = req[name]
+    stops = req.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise _err("stop_sequences: expected an array of strings.", "stop_sequences")
+        if stops:
+            body["stop"] = stops
+    if req.get("tools"):
+        body["tools"] = _tools(req["tools"])
+    if req.get("tool_choice") is not None:
+        _tool_choice(req["tool_choice"], body)
+    meta = req.get("metadata")
+    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str):
+        body["user"] = meta["user_id"]
+    stream = req.get("stream", False)
+    if stream not in (True, False, None):
+        raise _err("stream: expected a boolean.", "stream")
+    if stream:
+        body["stream"] = True
+        # The closing message_delta carries usage: ask the provider for it.
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+# -- answer -------------------------------------------------------------------------------------
+
+
+def new_message_id() -> str:
+    return "msg_" + os.urandom(12).hex()
+
+
+def _usage(usage: Any, prompt_estimate: int) -> dict[str, int]:
+    if not isinstance(usage, dict):
+        return {"input_tokens": prompt_estimate, "output_tokens": 0}
+    prompt = usage.get("prompt_tokens") or 0
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") or 0 if isinstance(details, dict) else 0
+    out = {
+        "input_tokens": max(0, int(prompt) - int(cached)),
+        "output_tokens": int(usage.get("completion_tokens") or 0),
+    }
+    if cached:
+        # Anthropic counts prompt-cache reads apart from input_tokens.
+        out["cache_read_input_tokens"] = int(cached)
+    return out
+
+
+def _tool_input(arguments: Any) -> dict[str, Any]:
+    if isinstance(arguments, str):
+        try:
+            parsed = orjson.loads(arguments) if arguments else {}
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+        return {"_raw_arguments": arguments}  # not a JSON object: kept, never lost
+    return arguments if isinstance(arguments, dict) else {}
+
+
+def to_message(completion: dict[str, Any], model: str, prompt_estimate: int) -> dict[str, Any]:
+    choices = completion.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    msg = choice.get("message") or {}
+    content: list[dict[str, Any]] = []
+    if isinstance(msg.get("content"), str) and msg["content"]:
+        content.append({"type": "text", "text": msg["content"]})
+    elif isinstance(msg.get("refusal"), str) and msg["refusal"]:
+        content.append({"type": "text", "text": msg["refusal"]})
+    for tc in msg.get("tool_calls") or []:
+        fn = tc.get("function") or {}
+        content.append(
+            {
+                "type": "tool_use",
+                "id": tc.get("id") or "toolu_" + os.urandom(12).hex(),
+                "name": fn.get("name") or "",
+                "input": _tool_input(fn.get("arguments")),
+            }
+        )
+    finish = choice.get("finish_reason") or "stop"
+    return {
+        "id": new_message_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": STOP_REASONS.get(finish, "end_turn"),
+        "stop_sequence": None,
+        "usage": _usage(completion.get("usage"), prompt_estimate),
+    }
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+class MessageStream:
+    """chat.completion.chunk payloads in, Anthropic stream events out (choice 0 only)."""
+
+    def __init__(self, model: str, prompt_estimate: int) -> None:
+        self.model = model
+        self.prompt_estimate = prompt_estimate
+        self.started = False
+        self.ended = False
+        self.block: int | None = None  # index of the open content block
+        self.block_kind = ""
+        self.next_block = 0
+        self.tools: dict[int, int] = {}  # chat tool_call index -> block index
+        self.stop_reason: str | None = None
+        self.usage: dict[str, int] | None = None
+
+    def _start(self) -> list[bytes]:
+        if self.started:
+            return []
+        self.started = True
+        message = {
+            "id": new_message_id(),
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.prompt_estimate, "output_tokens": 0},
+        }
+        return [_event("message_start", {"type": "message_start", "message": message})]
+
+    def _close(self) -> list[bytes]:
+        if self.block is None:
+            return []
+        i, self.block = self.block, None
+        return [_event("content_block_stop", {"type": "content_block_stop", "index": i})]
+
+    def _open(self, block: dict[str, Any]) -> list[bytes]:
+        out = self._close()
+        self.block, self.block_kind = self.next_block, block["type"]
+        self.next_block += 1
+        out.append(
+            _event(
+                "content_block_start",
+                {"type": "content_block_start", "index": self.block, "content_block": block},
+            )
+        )
+        return out
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> bytes:
+        return _event(
+            "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+        )
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
+        out = self._start()
+        if chunk.get("usage"):
+            self.usage = _usage(chunk["usage"], self.prompt_estimate)
+        for c in chunk.get("choices") or []:
+            if not isinstance(c, dict) or c.get("index", 0) != 0:
+                continue
+            delta = c.get("delta") or {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                if self.block is None or self.block_kind != "text":
+                    out += self._open({"type": "text", "text": ""})
+                assert self.block is not None
+                out.append(self._delta(self.block, {"type": "text_delta", "text": text}))
+            for tc in delta.get("tool_calls") or []:
+                out += self._tool_delta(tc)
+            if c.get("finish_reason"):
+                out += self._close()
+                self.stop_reason = STOP_REASONS.get(c["finish_reason"], "end_turn")
+        return out
+
+    def _tool_delta(self, tc: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        idx = tc.get("index", 0)
+        fn = tc.get("function") or {}
+        if idx not in self.tools:
+            block = {
+                "type": "tool_use",
+                "id": tc.get("id") or "toolu_" + os.urandom(12).hex(),
+                "name": fn.get("name") or "",
+                "input": {},
+            }
+            out += self._open(block)
+            assert self.block is not None
+            self.tools[idx] = self.block
+        args = fn.get("arguments")
+        if isinstance(args, str) and args:
+            out.append(
+                self._delta(self.tools[idx], {"type": "input_json_delta", "partial_json": args})
+            )
+        return out
+
+    def error(self, error: dict[str, Any]) -> list[bytes]:
+        self.ended = True
+        message = (
+            error.get("message") if isinstance(error.get("message"), str) else "Stream failed."
+        )
+        _, body = anthropic_error(500 if error.get("type") != "rate_limit" else 429, message)
+        return [b"event: error\ndata: " + body + b"\n\n"]
+
+    async def finish(self) -> list[bytes]:
+        if self.ended:
+            return []
+        self.ended = True
+        out = self._start() + self._close()
+        usage = self.usage or {"input_tokens": self.prompt_estimate, "output_tokens": 0}
+        out.append(
+            _event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": self.stop_reason or "end_turn", "stop_sequence": None},
+                    "usage": usage,
+                },
+            )
+        )
+        out.append(_event("message_stop", {"type": "message_stop"}))
+        return out
+
+
+class MessagesExchange:
+    def __init__(self) -> None:
+        self.model = ""
+        self.stream = False
+        self.translated = False
+
+    def authorization(self, headers: Headers) -> str | None:
+        """Anthropic clients send `x-api-key`; a bearer token works too."""
+        auth = headers.get("authorization")
+        if auth:
+            return auth
+        key = headers.get("x-api-key")
+        return f"Bearer {key}" if key else None
+
+    async def request(self, raw: bytes, ctx: Context) -> bytes:
+        req = parse(raw)
+        body = to_chat(req)
+        self.model, self.stream, self.translated = body["model"], bool(body.get("stream")), True
+        return orjson.dumps(body)
+
+    async def respond(self, response: Response, ctx: Context) -> Response:
+        status = response.status_code
+        if status >= 400:
+            err = error_fields(bytes(response.body))
+            message = err.get("message") if isinstance(err.get("message"), str) else ""
+            code, body = anthropic_error(status, message or "The request failed.")
+            return rebuild(response, body, code)
+        if not self.translated or status != 200:
+            return response  # e.g. a degradation rule's 202: passed on as it is
+        if is_stream(response):
+            return await translate_stream(response, MessageStream(self.model, ctx.prompt_tokens))
+        try:
+            completion = orjson.loads(bytes(response.body))
+        except orjson.JSONDecodeError:
+            completion = None
+        if not isinstance(completion, dict):
+            code, body = anthropic_error(500, "The provider's answer could not be translated.")
+            return rebuild(response, body, code)
+        message = to_message(completion, self.model, ctx.prompt_tokens)
+        return rebuild(response, orjson.dumps(message))
+
+
+class MessagesAPI:
+    name = NAME
+
+    def begin(self) -> MessagesExchange:
+        return MessagesExchange()
+
+
+async def count_tokens(raw: bytes, models: dict[str, Any]) -> dict[str, Any]:
+    """`POST /v1/messages/count_tokens`: the prompt as the gateway would send it, counted with
+    tiktoken (the alias's encoding). An estimate: providers tokenize with their own vocabulary."""
+    body = to_chat(parse(raw), count_only=True)
+    alias = models.get(body["model"])
+    if alias is None:
+        raise model_not_found(body["model"])
+    encoding = alias.encoding or encoding_for_model(body["model"])
+    return {"input_tokens": estimate_prompt(body, encoding)}
