@@ -27,7 +27,9 @@ from gateway.admin import (
     require_admin,
 )
 from gateway.apis import messages as messages_api
+from gateway.apis import responses as responses_api
 from gateway.apis.exchange import InboundAPI
+from gateway.apis.response_store import ResponseStore
 from gateway.cache.semantic_layer import SemanticLayer
 from gateway.context import Context
 from gateway.drain import Drain
@@ -230,8 +232,30 @@ def create_app(
         return await pipeline.handle(request, "embeddings")
 
     # Other inbound APIs: translated to chat, the same pipeline (gateway.apis).
-    inbound: dict[str, InboundAPI] = {"/v1/messages": messages_api.MessagesAPI()}
+    stored = ResponseStore(state, lambda: runtime.snapshot.policy.responses)
+    inbound: dict[str, InboundAPI] = {
+        "/v1/messages": messages_api.MessagesAPI(),
+        "/v1/responses": responses_api.ResponsesAPI(stored),
+    }
     app.state.inbound = inbound
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await pipeline.handle(request, "chat", inbound["/v1/responses"])
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request) -> Response:
+        principal = await governance.authenticate(
+            runtime.snapshot, request.headers.get("authorization")
+        )
+        return _json(await responses_api.retrieve(stored, principal.tenant, response_id))
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request) -> Response:
+        principal = await governance.authenticate(
+            runtime.snapshot, request.headers.get("authorization")
+        )
+        return _json(await responses_api.delete(stored, principal.tenant, response_id))
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:

@@ -102,11 +102,15 @@ async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
 async def _wrap(inner: AsyncIterator[bytes], tr: StreamTranslator) -> AsyncIterator[bytes]:
     splitter = SSESplitter()
     try:
-        async for piece in inner:
-            out = translate_events(splitter.feed(piece), tr)
-            if out:
-                yield b"".join(out)
-        tail = await tr.finish()
+        try:
+            async for piece in inner:
+                out = translate_events(splitter.feed(piece), tr)
+                if out:
+                    yield b"".join(out)
+            tail = await tr.finish()
+        except Exception as exc:  # a translation bug: the stream still ends in the API's shape
+            log.exception("inbound stream translation failed", exc_info=exc)
+            tail = tr.error({"message": "The gateway hit an internal error.", "code": "internal"})
         if tail:
             yield b"".join(tail)
     finally:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gateway.apis.response_store import StoredResponses
 from gateway.cache.exact import ExactSettings
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
 from gateway.classify import ClassRule
@@ -273,6 +274,11 @@ class Degradation(Strict):
 class Policy(Strict):
     version: int = 1
     server: Server = Server()
+    responses: StoredResponses = Field(
+        default_factory=StoredResponses,
+        description="Stored answers of the Responses API (GET /v1/responses/{id}, "
+        "previous_response_id).",
+    )
     metrics: Metrics = Metrics()
     auth: Auth = Auth()
     provider_key_env_prefixes: list[str] = Field(

@@ -1,0 +1,646 @@
+"""The OpenAI Responses API (`/v1/responses`) on top of the gateway's chat pipeline.
+
+Request: `instructions`, `input` as a string or items (messages with text / image parts,
+function_call, function_call_output), function tools and tool_choice, `text.format` (json_schema,
+json_object), `max_output_tokens`, temperature, top_p, `previous_response_id`, `store`, stream.
+Answer: a `response` object, or the typed event sequence (response.created, in_progress,
+output_item.added, content_part.added, output_text.delta/done, function_call_arguments.delta/done,
+content_part.done, output_item.done, response.completed or response.incomplete). Built-in tools
+(web search, file search, code interpreter, MCP...), reasoning items, background mode,
+conversations and stored prompts cannot run on a chat provider and are refused with a 400.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.responses import Response
+
+from gateway.apis.exchange import is_stream, rebuild, translate_stream
+from gateway.apis.response_store import ResponseStore, new_response_id, valid_response_id
+from gateway.context import Context
+from gateway.errors import GatewayError, bad_request
+
+NAME = "responses"
+# Fields a client may send that only steer OpenAI's own platform: accepted, not forwarded.
+_IGNORED = frozenset(
+    {"include", "truncation", "reasoning", "service_tier", "prompt_cache_key", "stream_options"}
+)
+_UNSUPPORTED = {
+    "background": "background mode",
+    "conversation": "conversations",
+    "prompt": "stored prompts",
+}
+
+
+def _err(message: str, param: str | None = None, code: str = "invalid_value") -> GatewayError:
+    return bad_request(message, param=param, code=code)
+
+
+def _hex_id(prefix: str) -> str:
+    return prefix + os.urandom(16).hex()
+
+
+# -- request ------------------------------------------------------------------------------------
+
+
+def _part(p: Any, where: str) -> dict[str, Any]:
+    kind = p.get("type") if isinstance(p, dict) else None
+    if kind in ("input_text", "output_text", "text") and isinstance(p.get("text"), str):
+        return {"type": "text", "text": p["text"]}
+    if kind == "refusal" and isinstance(p.get("refusal"), str):
+        return {"type": "text", "text": p["refusal"]}
+    if kind == "input_image":
+        url = p.get("image_url")
+        if not isinstance(url, str):
+            raise _err(f"{where}: only image_url images are supported (no file_id).", where)
+        image: dict[str, Any] = {"url": url}
+        if p.get("detail") in ("low", "high", "auto"):
+            image["detail"] = p["detail"]
+        return {"type": "image_url", "image_url": image}
+    raise _err(f"{where}: content of type '{kind}' is not supported by this gateway.", where)
+
+
+def _content(content: Any, where: str, text_only: bool) -> Any:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _err(f"{where}: expected a string or an array of content parts.", where)
+    parts = [_part(p, f"{where}[{i}]") for i, p in enumerate(content)]
+    if text_only or all(p["type"] == "text" for p in parts):
+        if any(p["type"] != "text" for p in parts):
+            raise _err(f"{where}: only text is supported in this role.", where)
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def _items(items: list[Any]) -> list[dict[str, Any]]:
+    """Input items as chat messages; consecutive function calls join one assistant message."""
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise _err(f"{where}: expected an object.", where)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise _err(f"{where}.role: '{role}' is not a valid role.", f"{where}.role")
+            chat_role = "system" if role == "developer" else role
+            content = _content(item.get("content"), f"{where}.content", chat_role != "user")
+            out.append({"role": chat_role, "content": content})
+        elif kind == "function_call":
+            call_id, name = item.get("call_id"), item.get("name")
+            args = item.get("arguments", "")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                raise _err(f"{where}: function_call needs call_id and name.", where)
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": args if isinstance(args, str) else ""},
+            }
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            elif last is not None and last["role"] == "assistant":
+                last["tool_calls"] = [call]
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if not isinstance(call_id, str):
+                raise _err(f"{where}.call_id: missing.", f"{where}.call_id")
+            text = _content(output, f"{where}.output", True) if output is not None else ""
+            out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        elif kind == "reasoning":
+            continue  # a chat provider takes no reasoning input: dropped
+        else:
+            raise _err(
+                f"{where}.type: items of type '{kind}' are not supported by this gateway.",
+                f"{where}.type",
+            )
+    return out
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise _err("'tools' must be an array.", "tools", "invalid_type")
+    out = []
+    for i, t in enumerate(tools):
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind != "function":
+            raise _err(
+                f"Tool type '{kind}' is not supported: a chat provider runs function tools only.",
+                f"tools[{i}].type",
+            )
+        if not isinstance(t.get("name"), str):
+            raise _err(
+                "A function tool needs a name.", f"tools[{i}].name", "missing_required_parameter"
+            )
+        fn: dict[str, Any] = {"name": t["name"]}
+        for k in ("description", "parameters", "strict"):
+            if t.get(k) is not None:
+                fn[k] = t[k]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name"):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise _err("tool_choice: only auto, none, required or a function.", "tool_choice")
+
+
+def _response_format(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        if not isinstance(fmt.get("name"), str) or not isinstance(fmt.get("schema"), dict):
+            raise _err("text.format: json_schema needs a name and a schema.", "text.format")
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise _err(f"text.format.type: '{kind}' is not supported.", "text.format.type")
+
+
+def parse(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise _err("The request body is empty; expected a JSON object.", code="invalid_json")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise _err(f"The request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(doc, dict):
+        raise _err("The request body must be a JSON object.", code="invalid_json")
+    return doc
+
+
+def turn_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
+    """This turn's input as chat messages (without instructions or earlier turns)."""
+    inp = req.get("input")
+    if isinstance(inp, str):
+        return [{"role": "user", "content": inp}]
+    if isinstance(inp, list):
+        return _items(inp)
+    if inp is None:
+        raise _err("Missing required parameter: 'input'.", "input", "missing_required_parameter")
+    raise _err("'input' must be a string or an array of items.", "input", "invalid_type")
+
+
+def to_chat(
+    req: dict[str, Any], history: list[dict[str, Any]], turn: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A Responses request as a chat request (raises GatewayError 400 naming the field)."""
+    model = req.get("model")
+    if not isinstance(model, str) or not model:
+        raise _err("Missing required parameter: 'model'.", "model", "missing_required_parameter")
+    for field, what in _UNSUPPORTED.items():
+        if req.get(field):
+            raise _err(f"'{field}': {what} are not supported by this gateway.", field)
+    messages: list[dict[str, Any]] = []
+    instructions = req.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise _err("'instructions' must be a string.", "instructions", "invalid_type")
+        if instructions:
+            messages.append({"role": "system", "content": instructions})
+    messages += history
+    messages += turn
+    if not messages:
+        raise _err("'input' must not be empty.", "input")
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    mot = req.get("max_output_tokens")
+    if mot is not None:
+        if not isinstance(mot, int) or isinstance(mot, bool) or mot < 1:
+            raise _err("'max_output_tokens' must be a positive integer.", "max_output_tokens")
+        body["max_tokens"] = mot
+    for name in ("temperature", "top_p", "parallel_tool_calls", "user"):
+        if req.get(name) is not None:
+            body[name] = req[name]
+    if req.get("safety_identifier") and "user" not in body:
+        body["user"] = req["safety_identifier"]
+    if req.get("tools"):
+        body["tools"] = _tools(req["tools"])
+    if req.get("tool_choice") is not None and "tools" in body:
+        body["tool_choice"] = _tool_choice(req["tool_choice"])
+    fmt = _response_format(req.get("text"))
+    if fmt is not None:
+        body["response_format"] = fmt
+    stream = req.get("stream", False)
+    if stream not in (True, False, None):
+        raise _err("'stream' must be a boolean.", "stream", "invalid_type")
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}  # response.completed carries usage
+    return body
+
+
+# -- answer -------------------------------------------------------------------------------------
+
+
+def usage_of(usage: Any) -> dict[str, Any] | None:
+    if not isinstance(usage, dict):
+        return None
+    pd = usage.get("prompt_tokens_details")
+    cd = usage.get("completion_tokens_details")
+    cached = pd.get("cached_tokens") if isinstance(pd, dict) else 0
+    reasoning = cd.get("reasoning_tokens") if isinstance(cd, dict) else 0
+    inp = int(usage.get("prompt_tokens") or 0)
+    out = int(usage.get("completion_tokens") or 0)
+    return {
+        "input_tokens": inp,
+        "input_tokens_details": {"cached_tokens": int(cached or 0), "cache_write_tokens": 0},
+        "output_tokens": out,
+        "output_tokens_details": {"reasoning_tokens": int(reasoning or 0)},
+        "total_tokens": int(usage.get("total_tokens") or inp + out),
+    }
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def call_item(item_id: str, call_id: str, name: str, args: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": args,
+    }
+
+
+class ResponseShape:
+    """The request-derived fields of a Response object (echoed as OpenAI echoes them)."""
+
+    def __init__(self, req: dict[str, Any], response_id: str, model: str) -> None:
+        self.id = response_id
+        self.model = model
+        self.created_at = int(time.time())
+        self.store = req.get("store") is not False
+        text = req.get("text") if isinstance(req.get("text"), dict) else None
+        tools = req.get("tools") if isinstance(req.get("tools"), list) else []
+        self.echo: dict[str, Any] = {
+            "instructions": req.get("instructions"),
+            "max_output_tokens": req.get("max_output_tokens"),
+            "metadata": req.get("metadata") if isinstance(req.get("metadata"), dict) else {},
+            "parallel_tool_calls": req.get("parallel_tool_calls") is not False,
+            "previous_response_id": req.get("previous_response_id"),
+            "reasoning": None,
+            "store": self.store,
+            "temperature": req.get("temperature", 1.0),
+            "text": text or {"format": {"type": "text"}},
+            "tool_choice": req.get("tool_choice") or "auto",
+            "tools": tools,
+            "top_p": req.get("top_p", 1.0),
+            "truncation": "disabled",
+            "user": req.get("user"),
+        }
+
+    def response(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None = None,
+        finish: str | None = None,
+    ) -> dict[str, Any]:
+        incomplete = None
+        if finish == "length":
+            status, incomplete = "incomplete", {"reason": "max_output_tokens"}
+        elif finish == "content_filter":
+            status, incomplete = "incomplete", {"reason": "content_filter"}
+        doc: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "model": self.model,
+            "output": output,
+            "usage": usage,
+            **self.echo,
+        }
+        if status in ("completed", "incomplete"):
+            doc["completed_at"] = int(time.time())
+        return doc
+
+
+def output_of(completion: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    choices = completion.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    msg = choice.get("message") or {}
+    items: list[dict[str, Any]] = []
+    text = msg.get("content") if isinstance(msg.get("content"), str) else None
+    if text:
+        items.append(message_item(_hex_id("msg_"), text))
+    for tc in msg.get("tool_calls") or []:
+        fn = tc.get("function") or {}
+        items.append(
+            call_item(
+                _hex_id("fc_"),
+                tc.get("id") or _hex_id("call_"),
+                fn.get("name") or "",
+                fn.get("arguments") or "",
+                "completed",
+            )
+        )
+    if not items:
+        items.append(message_item(_hex_id("msg_"), ""))
+    return items, choice.get("finish_reason")
+
+
+def assistant_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """The answer as a chat assistant message (what a continuation sends back)."""
+    text = "".join(c["text"] for it in output if it["type"] == "message" for c in it["content"])
+    calls = [
+        {
+            "id": it["call_id"],
+            "type": "function",
+            "function": {"name": it["name"], "arguments": it["arguments"]},
+        }
+        for it in output
+        if it["type"] == "function_call"
+    ]
+    msg: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def _event(seq: list[int], kind: str, data: dict[str, Any]) -> bytes:
+    data = {"type": kind, "sequence_number": seq[0], **data}
+    seq[0] += 1
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+class ResponseEvents:
+    """chat.completion.chunk payloads in, the Responses API's typed events out (choice 0)."""
+
+    def __init__(self, exchange: ResponsesExchange, ctx: Context) -> None:
+        self.x, self.ctx = exchange, ctx
+        self.seq = [0]
+        self.started = False
+        self.ended = False
+        self.output: list[dict[str, Any]] = []
+        self.open: dict[str, Any] | None = None  # the item being streamed
+        self.tools: dict[int, dict[str, Any]] = {}  # chat tool_call index -> item
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def _ev(self, kind: str, **data: Any) -> bytes:
+        return _event(self.seq, kind, data)
+
+    def _start(self) -> list[bytes]:
+        if self.started:
+            return []
+        self.started = True
+        doc = self.x.shape.response("in_progress", [])
+        return [
+            self._ev("response.created", response=doc),
+            self._ev("response.in_progress", response=doc),
+        ]
+
+    def _add(self, item: dict[str, Any]) -> list[bytes]:
+        out = self._close()
+        self.open = item
+        self.output.append(item)
+        index = len(self.output) - 1
+        out.append(self._ev("response.output_item.added", output_index=index, item=dict(item)))
+        return out
+
+    def _close(self) -> list[bytes]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index = self.output.index(item)
+        out = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            common = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            out.append(
+                self._ev("response.output_text.done", **common, text=part["text"], logprobs=[])
+            )
+            out.append(self._ev("response.content_part.done", **common, part=part))
+        else:
+            out.append(
+                self._ev(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    name=item["name"],
+                    arguments=item["arguments"],
+                )
+            )
+        item["status"] = "completed"
+        out.append(self._ev("response.output_item.done", output_index=index, item=item))
+        return out
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
+        out = self._start()
+        if chunk.get("usage"):
+            self.usage = usage_of(chunk["usage"])
+        for c in chunk.get("choices") or []:
+            if not isinstance(c, dict) or c.get("index", 0) != 0:
+                continue
+            delta = c.get("delta") or {}
+            text = delta.get("content")
+            if isinstance(text, str) and text:
+                if self.open is None or self.open["type"] != "message":
+                    item = message_item(_hex_id("msg_"), "", "in_progress")
+                    item["content"] = []
+                    out += self._add(item)
+                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                    item["content"].append(part)
+                    out.append(
+                        self._ev(
+                            "response.content_part.added",
+                            item_id=item["id"],
+                            output_index=len(self.output) - 1,
+                            content_index=0,
+                            part=dict(part),
+                        )
+                    )
+                assert self.open is not None
+                self.open["content"][0]["text"] += text
+                out.append(
+                    self._ev(
+                        "response.output_text.delta",
+                        item_id=self.open["id"],
+                        output_index=len(self.output) - 1,
+                        content_index=0,
+                        delta=text,
+                        logprobs=[],
+                    )
+                )
+            for tc in delta.get("tool_calls") or []:
+                out += self._tool(tc)
+            if c.get("finish_reason"):
+                out += self._close()
+                self.finish_reason = c["finish_reason"]
+        return out
+
+    def _tool(self, tc: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        idx = tc.get("index", 0)
+        fn = tc.get("function") or {}
+        item = self.tools.get(idx)
+        if item is None:
+            call_id = tc.get("id") or _hex_id("call_")
+            item = call_item(_hex_id("fc_"), call_id, fn.get("name") or "", "", "in_progress")
+            self.tools[idx] = item
+            out += self._add(item)
+        args = fn.get("arguments")
+        if isinstance(args, str) and args:
+            item["arguments"] += args
+            out.append(
+                self._ev(
+                    "response.function_call_arguments.delta",
+                    item_id=item["id"],
+                    output_index=self.output.index(item),
+                    delta=args,
+                )
+            )
+        return out
+
+    def error(self, error: dict[str, Any]) -> list[bytes]:
+        self.ended = True
+        out = self._start()
+        message = error.get("message") if isinstance(error.get("message"), str) else "failed"
+        code = error.get("code") if isinstance(error.get("code"), str) else "server_error"
+        out.append(self._ev("error", code=code, message=message, param=None))
+        doc = self.x.shape.response("failed", self.output, self.usage)
+        doc["error"] = {"code": "server_error", "message": message}
+        out.append(self._ev("response.failed", response=doc))
+        return out
+
+    async def finish(self) -> list[bytes]:
+        if self.ended:
+            return []
+        self.ended = True
+        out = self._start() + self._close()
+        if not self.output:
+            # An empty answer is still one (empty) message, as for a unary answer.
+            item = message_item(_hex_id("msg_"), "")
+            self.output.append(item)
+        doc = self.x.shape.response("completed", self.output, self.usage, self.finish_reason)
+        await self.x.save(doc, self.ctx)  # before the client hears "completed": it may chain now
+        kind = "response.incomplete" if doc["status"] == "incomplete" else "response.completed"
+        out.append(self._ev(kind, response=doc))
+        return out
+
+
+class ResponsesExchange:
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+        self.translated = False
+        self.shape: ResponseShape
+        self.history: list[dict[str, Any]] = []  # earlier turns and this turn's input
+
+    def authorization(self, headers: Headers) -> str | None:
+        return headers.get("authorization")
+
+    async def request(self, raw: bytes, ctx: Context) -> bytes:
+        req = parse(raw)
+        for k in _IGNORED.intersection(req):
+            del req[k]
+        history: list[dict[str, Any]] = []
+        prev = req.get("previous_response_id")
+        if prev is not None:
+            record = await self.store.get(ctx.tenant, prev) if isinstance(prev, str) else None
+            if record is None:
+                raise GatewayError(
+                    400,
+                    f"Previous response with id '{prev}' not found.",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                )
+            history = list(record.get("messages") or [])
+        turn = turn_messages(req)
+        body = to_chat(req, history, turn)
+        self.history = history + turn
+        self.shape = ResponseShape(req, new_response_id(), body["model"])
+        self.translated = True
+        return orjson.dumps(body)
+
+    async def save(self, doc: dict[str, Any], ctx: Context) -> None:
+        if not self.shape.store:
+            return
+        messages = [*self.history, assistant_turn(doc["output"])]
+        record = {"tenant": ctx.tenant, "response": doc, "messages": messages}
+        await self.store.put(ctx.tenant, doc["id"], record)
+
+    async def respond(self, response: Response, ctx: Context) -> Response:
+        status = response.status_code
+        if status >= 400:
+            return response  # the gateway's errors already have the OpenAI shape
+        if not self.translated or status != 200:
+            return response
+        if is_stream(response):
+            return await translate_stream(response, ResponseEvents(self, ctx))
+        try:
+            completion = orjson.loads(bytes(response.body))
+        except orjson.JSONDecodeError:
+            completion = None
+        if not isinstance(completion, dict):
+            err = GatewayError(
+                502, "The provider's answer could not be translated.", type="upstream_error"
+            )
+            return rebuild(response, err.to_bytes(), 502)
+        output, finish = output_of(completion)
+        doc = self.shape.response("completed", output, usage_of(completion.get("usage")), finish)
+        await self.save(doc, ctx)
+        return rebuild(response, orjson.dumps(doc))
+
+
+class ResponsesAPI:
+    name = NAME
+
+    def __init__(self, store: ResponseStore) -> None:
+        self.store = store
+
+    def begin(self) -> ResponsesExchange:
+        return ResponsesExchange(self.store)
+
+
+def not_found(response_id: str) -> GatewayError:
+    return GatewayError(
+        404,
+        f"No response found with id '{response_id}'.",
+        param="response_id",
+        code="response_not_found",
+    )
+
+
+async def retrieve(store: ResponseStore, tenant: str, response_id: str) -> dict[str, Any]:
+    record = await store.get(tenant, response_id) if valid_response_id(response_id) else None
+    if record is None or not isinstance(record.get("response"), dict):
+        raise not_found(response_id)
+    return record["response"]
+
+
+async def delete(store: ResponseStore, tenant: str, response_id: str) -> dict[str, Any]:
+    if not await store.delete(tenant, response_id):
+        raise not_found(response_id)
+    return {"id": response_id, "object": "response", "deleted": True}
