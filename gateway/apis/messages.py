@@ -308,6 +308,22 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
         body["tools"] = _tools(req["tools"])
     if req.get("tool_choice") is not None:
         _tool_choice(req["tool_choice"], body)
+    fmt = (
+        (req.get("output_config") or {}).get("format")
+        if isinstance(req.get("output_config"), dict)
+        else None
+    )
+    if fmt is not None:
+        if (
+            not isinstance(fmt, dict)
+            or fmt.get("type") != "json_schema"
+            or not isinstance(fmt.get("schema"), dict)
+        ):
+            raise _err("output_config.format: expected a json_schema format.", "output_config")
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True},
+        }
     meta = req.get("metadata")
     if isinstance(meta, dict) and isinstance(meta.get("user_id"), str):
         body["user"] = meta["user_id"]
