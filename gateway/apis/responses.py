@@ -300,7 +300,11 @@ class ResponseShape:
         self.created_at = int(time.time())
         self.store = req.get("store") is not False
         text = req.get("text") if isinstance(req.get("text"), dict) else None
-        tools = req.get("tools") if isinstance(req.get("tools"), list) else []
+        tools = [
+            {"strict": None, "parameters": None, **t}
+            for t in (req.get("tools") if isinstance(req.get("tools"), list) else [])
+            if isinstance(t, dict)
+        ]
         self.echo: dict[str, Any] = {
             "instructions": req.get("instructions"),
             "max_output_tokens": req.get("max_output_tokens"),
@@ -315,8 +319,10 @@ class ResponseShape:
             "tools": tools,
             "top_p": req.get("top_p", 1.0),
             "truncation": "disabled",
-            "user": req.get("user"),
         }
+        for name in ("user", "safety_identifier"):
+            if isinstance(req.get(name), str):
+                self.echo[name] = req[name]
 
     def response(
         self,
@@ -339,9 +345,10 @@ class ResponseShape:
             "incomplete_details": incomplete,
             "model": self.model,
             "output": output,
-            "usage": usage,
             **self.echo,
         }
+        if usage is not None:
+            doc["usage"] = usage
         if status in ("completed", "incomplete"):
             doc["completed_at"] = int(time.time())
         return doc
