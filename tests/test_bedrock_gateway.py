@@ -1,0 +1,275 @@
+"""`type: bedrock` providers through the gateway, with the official `openai` client unchanged.
+
+The upstream is the Bedrock-shaped simulator: it verifies each request's SigV4 signature with
+botocore and validates its body against botocore's service model of bedrock-runtime, so a
+mapping or signing slip fails these tests. A mixed pool (openai + bedrock members) keeps
+answering while either member is down.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import httpx
+import jsonschema
+import openai
+import orjson
+import pytest
+
+from loadtests.simulator.bedrock import BedrockCredentials, run_bedrock
+from tests.support import GatewayServer, validate, validate_sse
+
+CREDS = BedrockCredentials("AKIDGATEWAYTEST", "gw-test-secret-access-key", "gw-session-tok", "eu-west-1")
+ENV = {
+    "BR_TEST_KEY_ID": CREDS.access_key_id,
+    "BR_TEST_SECRET": CREDS.secret_access_key,
+    "BR_TEST_TOKEN": CREDS.session_token or "",
+}
+MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+
+
+def bedrock_provider(url: str, secret_env: str = "BR_TEST_SECRET") -> str:
+    return (
+        f"{{type: bedrock, base_url: '{url}', models: {{'*': '{MODEL}'}}, "
+        "bedrock: {region: eu-west-1, access_key_id_env: BR_TEST_KEY_ID, "
+        f"secret_access_key_env: {secret_env}, session_token_env: BR_TEST_TOKEN}}}}"
+    )
+
+
+def policy(sim_url: str, fleet_url: str | None = None, secret_env: str = "BR_TEST_SECRET") -> str:
+    members = ["br"] + (["oa"] if fleet_url else [])
+    oa = f"\n  oa: {{base_url: '{fleet_url}', models: {{'*': sim-a}}}}" if fleet_url else ""
+    return f"""
+providers:
+  br: {bedrock_provider(sim_url, secret_env)}{oa}
+pools:
+  main: {{members: [{", ".join(members)}]}}
+models:
+  chat: {{pool: main}}
+"""
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator:
+    saved = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
+    try:
+        with run_bedrock(CREDS, models=(MODEL,), context_window=2000) as s:
+            yield s
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def gw(sim) -> Iterator[GatewayServer]:
+    with GatewayServer(policy(sim.url)) as g:
+        yield g
+
+
+@pytest.fixture
+def client(gw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+
+
+def test_plain_chat(client, sim) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="chat",
+        messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Say hello"},
+        ],
+        max_tokens=8,
+        temperature=0.2,
+    )
+    validate("CreateChatCompletionResponse", raw.http_response.json())
+    resp = raw.parse()
+    assert raw.headers["x-gateway-provider"] == "br"
+    assert resp.choices[0].message.content and resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 8
+    sent = sim.stats.last_body
+    assert sent["system"] == [{"text": "You are terse."}]
+    assert sent["inferenceConfig"] == {"maxTokens": 8, "temperature": 0.2}
+
+
+def test_streaming_matches_unary(client, gw) -> None:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "Count"}], "max_tokens": 6}
+    unary = client.chat.completions.create(**body).choices[0].message.content
+    r = httpx.post(
+        gw.base_url + "/chat/completions",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+        timeout=10,
+    )
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    chunks = validate_sse(r.content)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    streamed = client.chat.completions.create(**body, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == unary
+
+
+def test_tools_round_trip(client, sim) -> None:
+    messages = [{"role": "user", "content": "Weather in Lisbon?"}]
+    resp = client.chat.completions.create(
+        model="chat", messages=messages, tools=[WEATHER], tool_choice="required"
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    jsonschema.validate(orjson.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "18 C, clear"},
+    ]
+    follow = client.chat.completions.create(model="chat", messages=messages, tools=[WEATHER])
+    assert follow.choices[0].finish_reason == "stop" and follow.choices[0].message.content
+    sent = sim.stats.last_body["messages"]
+    assert sent[1]["content"][0]["toolUse"]["toolUseId"] == call.id
+    assert sent[2]["content"][0]["toolResult"]["toolUseId"] == call.id
+    # Streamed tool calls arrive as OpenAI deltas the SDK reassembles.
+    stream = client.chat.completions.create(
+        model="chat",
+        messages=messages[:1],
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        stream=True,
+    )
+    args, finish = "", None
+    for c in stream:
+        if c.choices:
+            for tc in c.choices[0].delta.tool_calls or []:
+                args += tc.function.arguments or ""
+            finish = c.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and orjson.loads(args) == orjson.loads(call.function.arguments)
+
+
+def test_json_schema_output(client) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    resp = client.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "A person"}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": schema, "strict": True},
+        },
+    )
+    jsonschema.validate(orjson.loads(resp.choices[0].message.content), schema)
+
+
+def test_errors_map_to_the_gateway_kinds(client, sim, gw) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "word " * 3000}]
+        )
+    assert e.value.code == "context_length_exceeded"
+    # A request Converse cannot express is refused before any upstream call.
+    before = sim.stats.requests
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "x"}], n=2
+        )
+    assert sim.stats.requests == before
+    sim.set_fault(429, "ThrottlingException", "Too many requests")
+    try:
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}])
+        assert e.value.status_code in (429, 503)
+    finally:
+        sim.clear_faults()
+
+
+def test_wrong_secret_is_upstream_auth_and_never_leaks(sim) -> None:
+    os.environ["BR_TEST_WRONG"] = "not-the-secret-value-1234"
+    try:
+        with GatewayServer(policy(sim.url, secret_env="BR_TEST_WRONG")) as g:
+            r = httpx.post(
+                g.base_url + "/chat/completions",
+                json={"model": "chat", "messages": [{"role": "user", "content": "x"}]},
+                timeout=10,
+            )
+            assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_auth_failed"
+            assert "not-the-secret-value-1234" not in r.text
+            assert httpx.get(g.url + "/admin/breakers").json()["br"]["state"] == "open"
+    finally:
+        os.environ.pop("BR_TEST_WRONG", None)
+
+
+def _ask(gw: GatewayServer, stream: bool) -> httpx.Response:
+    return httpx.post(
+        gw.base_url + "/chat/completions",
+        json={
+            "model": "chat",
+            "messages": [{"role": "user", "content": "Are you there?"}],
+            "max_tokens": 5,
+            "stream": stream,
+        },
+        timeout=10,
+    )
+
+
+def test_mixed_pool_keeps_answering_while_one_member_is_down(sim, fleet) -> None:
+    with GatewayServer(policy(sim.url, fleet.url("a"))) as g:
+        served = set()
+        for i in range(6):
+            r = _ask(g, stream=bool(i % 2))
+            assert r.status_code == 200
+            served.add(r.headers["x-gateway-provider"])
+        assert served == {"br", "oa"}
+        # Bedrock down (503 on every call, and a stream that fails with an exception event).
+        sim.set_fault(503, "ServiceUnavailableException", "down")
+        try:
+            for i in range(8):
+                r = _ask(g, stream=bool(i % 2))
+                assert r.status_code == 200, r.text
+                if i % 2:
+                    validate_sse(r.content)
+        finally:
+            sim.clear_faults()
+        assert httpx.get(g.url + "/admin/breakers").json()["br"]["state"] != "closed"
+    with GatewayServer(policy(sim.url, fleet.url("a"))) as g:
+        # The openai member down: every answer comes from bedrock, streams included.
+        fleet.set_faults("a", error_rate=1.0, error_status=[503])
+        try:
+            for i in range(8):
+                r = _ask(g, stream=bool(i % 2))
+                assert r.status_code == 200, r.text
+                if i % 2:
+                    chunks = validate_sse(r.content)
+                    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        finally:
+            fleet.clear_faults("a")
+        assert httpx.get(g.url + "/admin/breakers").json()["oa"]["state"] != "closed"
+
+
+def test_stream_exception_before_any_byte_is_retried(sim, fleet) -> None:
+    sim.sim.stream_exception = (0, "throttlingException")
+    try:
+        with GatewayServer(policy(sim.url, fleet.url("a"))) as g:
+            for _ in range(4):
+                r = _ask(g, stream=True)
+                assert r.status_code == 200
+                validate_sse(r.content)
+                assert r.headers["x-gateway-provider"] == "oa"
+    finally:
+        sim.clear_faults()
