@@ -140,6 +140,7 @@ class Runtime:
             for p in providers.values()
             for s in provider_secrets(p.config.base_url, p.config.headers, _api_key(p.config))
         ]
+        secrets += [s for p in providers.values() for s in p.client.adapter.secrets()]
         return Snapshot(
             policy,
             policy_fingerprint(policy),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import aiohttp
+import yarl
 
 from gateway.policy.schema import Provider, Timeouts
 from gateway.validate import InvalidAnswer
@@ -279,6 +280,8 @@ class UpstreamClient:
         self.adapter = adapter
         self._wire: WireFormat = adapter
         self._headers = adapter.session_headers()
+        # Paths the adapter percent-encoded itself (and signed as such) are sent as they are.
+        self._encoded = bool(getattr(adapter, "encoded_paths", False))
         self._limits = config.limits
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -355,7 +358,9 @@ class UpstreamClient:
     ) -> aiohttp.ClientResponse:
         """POST, resending once on a stale pooled connection; raises aiohttp/OS errors."""
         session = self._client()
-        url = self._base + path
+        url: str | yarl.URL = self._base + path
+        if self._encoded:
+            url = yarl.URL(url, encoded=True)
         timeout = self._client_timeout(timeouts)
         for attempt in (0, 1):
             _reused.set(False)

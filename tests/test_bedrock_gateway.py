@@ -20,7 +20,9 @@ import pytest
 from loadtests.simulator.bedrock import BedrockCredentials, run_bedrock
 from tests.support import GatewayServer, validate, validate_sse
 
-CREDS = BedrockCredentials("AKIDGATEWAYTEST", "gw-test-secret-access-key", "gw-session-tok", "eu-west-1")
+CREDS = BedrockCredentials(
+    "AKIDGATEWAYTEST", "gw-test-secret-access-key", "gw-session-tok", "eu-west-1"
+)
 ENV = {
     "BR_TEST_KEY_ID": CREDS.access_key_id,
     "BR_TEST_SECRET": CREDS.secret_access_key,
@@ -41,22 +43,26 @@ WEATHER = {
 }
 
 
-def bedrock_provider(url: str, secret_env: str = "BR_TEST_SECRET") -> str:
+def bedrock_provider(url: str, secret_env: str = "BR_TEST_SECRET", extra: str = "") -> str:
     return (
-        f"{{type: bedrock, base_url: '{url}', models: {{'*': '{MODEL}'}}, "
+        f"{{type: bedrock, base_url: '{url}', models: {{'*': '{MODEL}'}}, {extra}"
         "bedrock: {region: eu-west-1, access_key_id_env: BR_TEST_KEY_ID, "
         f"secret_access_key_env: {secret_env}, session_token_env: BR_TEST_TOKEN}}}}"
     )
 
 
-def policy(sim_url: str, fleet_url: str | None = None, secret_env: str = "BR_TEST_SECRET") -> str:
+def policy(
+    sim_url: str, fleet_url: str | None = None, secret_env: str = "BR_TEST_SECRET", extra: str = ""
+) -> str:
     members = ["br"] + (["oa"] if fleet_url else [])
-    oa = f"\n  oa: {{base_url: '{fleet_url}', models: {{'*': sim-a}}}}" if fleet_url else ""
+    oa = (
+        f"\n  oa: {{base_url: '{fleet_url}', models: {{'*': sim-a}}, {extra}}}" if fleet_url else ""
+    )
     return f"""
 providers:
-  br: {bedrock_provider(sim_url, secret_env)}{oa}
+  br: {bedrock_provider(sim_url, secret_env, extra)}{oa}
 pools:
-  main: {{members: [{", ".join(members)}]}}
+  main: {{members: [{", ".join(members)}], balancer: {{strategy: round_robin}}}}
 models:
   chat: {{pool: main}}
 """
@@ -193,7 +199,9 @@ def test_errors_map_to_the_gateway_kinds(client, sim, gw) -> None:
     sim.set_fault(429, "ThrottlingException", "Too many requests")
     try:
         with pytest.raises(openai.APIStatusError) as e:
-            client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "x"}])
+            client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "x"}]
+            )
         assert e.value.status_code in (429, 503)
     finally:
         sim.clear_faults()
@@ -228,8 +236,24 @@ def _ask(gw: GatewayServer, stream: bool) -> httpx.Response:
     )
 
 
+def metric(gw: GatewayServer, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    want = set(labels.items())
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(httpx.get(gw.url + "/metrics").text)
+        for s in fam.samples
+        if s.name == name and want <= set(s.labels.items())
+    )
+
+
+# Trip after two failures in a row, so that a short test sees the breaker open.
+QUICK_BREAKER = "breaker: {consecutive_failures: 2}, "
+
+
 def test_mixed_pool_keeps_answering_while_one_member_is_down(sim, fleet) -> None:
-    with GatewayServer(policy(sim.url, fleet.url("a"))) as g:
+    with GatewayServer(policy(sim.url, fleet.url("a"), extra=QUICK_BREAKER)) as g:
         served = set()
         for i in range(6):
             r = _ask(g, stream=bool(i % 2))
@@ -247,7 +271,8 @@ def test_mixed_pool_keeps_answering_while_one_member_is_down(sim, fleet) -> None
         finally:
             sim.clear_faults()
         assert httpx.get(g.url + "/admin/breakers").json()["br"]["state"] != "closed"
-    with GatewayServer(policy(sim.url, fleet.url("a"))) as g:
+        assert metric(g, "gateway_upstream_failures_total", provider="br", kind="upstream_5xx") >= 2
+    with GatewayServer(policy(sim.url, fleet.url("a"), extra=QUICK_BREAKER)) as g:
         # The openai member down: every answer comes from bedrock, streams included.
         fleet.set_faults("a", error_rate=1.0, error_status=[503])
         try:
@@ -256,10 +281,15 @@ def test_mixed_pool_keeps_answering_while_one_member_is_down(sim, fleet) -> None
                 assert r.status_code == 200, r.text
                 if i % 2:
                     chunks = validate_sse(r.content)
-                    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+                    assert "".join(
+                        c["choices"][0]["delta"].get("content") or ""
+                        for c in chunks
+                        if c["choices"]
+                    )
         finally:
             fleet.clear_faults("a")
         assert httpx.get(g.url + "/admin/breakers").json()["oa"]["state"] != "closed"
+        assert metric(g, "gateway_upstream_failures_total", provider="oa", kind="upstream_5xx") >= 2
 
 
 def test_stream_exception_before_any_byte_is_retried(sim, fleet) -> None:
@@ -273,3 +303,82 @@ def test_stream_exception_before_any_byte_is_retried(sim, fleet) -> None:
                 assert r.headers["x-gateway-provider"] == "oa"
     finally:
         sim.clear_faults()
+
+
+@pytest.mark.parametrize(
+    ("provider", "says"),
+    [
+        (
+            "{type: bedrock, base_url: 'https://bedrock-runtime.us-east-1.amazonaws.com/v1'}",
+            "without a path",
+        ),
+        (
+            "{type: bedrock, base_url: 'https://bedrock-runtime.us-east-1.amazonaws.com', "
+            "api_key_env: AWS_KEY}",
+            "signs with AWS credentials",
+        ),
+        (
+            "{type: bedrock, base_url: 'https://bedrock-runtime.us-east-1.amazonaws.com', "
+            "bedrock: {region: eu-west-1}}",
+            "differs from the region of base_url",
+        ),
+        (
+            "{type: bedrock, base_url: 'https://x.test', bedrock: {secret_access_key_env: 'A-B'}}",
+            "not an environment variable name",
+        ),
+        (
+            "{type: bedrock, base_url: 'https://x.test', bedrock: {access_key_id_env: GATEWAY_X}}",
+            "GATEWAY_",
+        ),
+        ("{type: bedrock, base_url: 'https://x.test', bedrock: {regoin: us-east-1}}", "regoin"),
+        ("{base_url: 'https://x.test', bedrock: {region: us-east-1}}", "type openai"),
+    ],
+)
+def test_bad_bedrock_settings_are_refused_with_their_path(provider: str, says: str) -> None:
+    from gateway.policy.loader import PolicyError, parse_policy
+
+    text = (
+        f"providers:\n  br: {provider}\npools:\n  p: {{members: [br]}}\nmodels:\n  m: {{pool: p}}\n"
+    )
+    with pytest.raises(PolicyError) as e:
+        parse_policy(text, env={})
+    assert "providers.br" in str(e.value) and says in str(e.value)
+
+
+def test_unset_credentials_warn_and_region_comes_from_the_host() -> None:
+    from gateway.policy.loader import check_policy
+    from gateway.providers.settings import bedrock_region
+
+    text = (
+        "providers:\n  br: {type: bedrock, base_url: 'https://bedrock-runtime.ap-south-1."
+        "amazonaws.com'}\npools:\n  p: {members: [br]}\nmodels:\n  m: {pool: p}\n"
+    )
+    report = check_policy(text, env={})
+    said = str(report)
+    assert "AWS_ACCESS_KEY_ID" in said and "AWS_SECRET_ACCESS_KEY" in said
+    assert (
+        bedrock_region("https://bedrock-runtime.ap-south-1.amazonaws.com", None, {}) == "ap-south-1"
+    )
+    assert bedrock_region("http://127.0.0.1:1", None, {"AWS_REGION": "eu-north-1"}) == "eu-north-1"
+
+
+def test_missing_botocore_is_a_clear_error(monkeypatch) -> None:
+    import importlib.util
+    import sys
+
+    from gateway.policy.loader import PolicyError, parse_policy
+    from gateway.providers import bedrock_wire
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "botocore" else real(name, *a)
+    )
+    text = (
+        "providers:\n  br: {type: bedrock, base_url: 'http://127.0.0.1:1'}\n"
+        "pools:\n  p: {members: [br]}\nmodels:\n  m: {pool: p}\n"
+    )
+    with pytest.raises(PolicyError, match=r"llm-gateway\[aws\]"):
+        parse_policy(text, env={})
+    monkeypatch.setitem(sys.modules, "botocore", None)
+    with pytest.raises(RuntimeError, match=r"llm-gateway\[aws\]"):
+        bedrock_wire.botocore_modules()

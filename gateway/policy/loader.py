@@ -131,6 +131,33 @@ def _items(node: Any, key: str) -> list[tuple[str, Any]]:
     return []
 
 
+def _bedrock_env_checks(
+    pname: str, p: dict[str, Any], env: Mapping[str, str], problems: _Problems
+) -> None:
+    """A bedrock provider's credentials and region: unset ones are warnings like api_key_env."""
+    from gateway.providers.settings import BedrockSettings, bedrock_region
+
+    raw = p.get("bedrock") if isinstance(p.get("bedrock"), dict) else {}
+    try:
+        settings = BedrockSettings(**raw)
+    except (TypeError, ValueError):
+        return  # the schema reports it with its path
+    for setting in ("access_key_id_env", "secret_access_key_env"):
+        name = getattr(settings, setting)
+        if not env.get(name):
+            problems.warn(
+                f"providers.{pname}.bedrock.{setting}",
+                f"environment variable {name} is not set: Bedrock will refuse '{pname}'",
+            )
+    base_url = p.get("base_url") if isinstance(p.get("base_url"), str) else ""
+    if bedrock_region(base_url, settings, env) is None:
+        problems.warn(
+            f"providers.{pname}.bedrock.region",
+            f"no region (bedrock.region, the base_url host or {settings.region_env}): "
+            f"requests to '{pname}' are signed for us-east-1",
+        )
+
+
 def _env_checks(data: dict[str, Any], env: Mapping[str, str], problems: _Problems) -> None:
     """Variables the policy names (checked on the raw data, so they are reported even when the
     policy has other errors): a gateway key source must yield a key, else the gateway would be
@@ -148,6 +175,8 @@ def _env_checks(data: dict[str, Any], env: Mapping[str, str], problems: _Problem
                 "would have no key",
             )
     for pname, p in _items(data, "providers"):
+        if isinstance(p, dict) and p.get("type") == "bedrock":
+            _bedrock_env_checks(pname, p, env, problems)
         name = p.get("api_key_env") if isinstance(p, dict) else None
         if isinstance(name, str) and name and not env.get(name):
             problems.warn(

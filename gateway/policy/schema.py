@@ -17,7 +17,7 @@ from gateway.cache.exact import ExactSettings
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
 from gateway.classify import ClassRule
 from gateway.governance.settings import Governance
-from gateway.providers.settings import AzureSettings, ProviderType
+from gateway.providers.settings import AzureSettings, BedrockSettings, ProviderType, bedrock_problem
 from gateway.replicas import ReplicaSettings
 from gateway.resilience.admission import QueueSettings
 from gateway.resilience.breaker import BreakerSettings
@@ -77,6 +77,7 @@ class Provider(Strict):
         description="Wire format: openai (also vLLM, SGLang, llama.cpp, ...), azure, anthropic.",
     )
     azure: AzureSettings | None = Field(None, description="Settings of `type: azure`.")
+    bedrock: BedrockSettings | None = Field(None, description="Settings of `type: bedrock`.")
     base_url: str = Field(pattern=r"^https?://", description="Ends with the API root, e.g. .../v1")
     api_key_env: str | None = Field(
         None, description="Name of the env var holding the provider key."
@@ -147,6 +148,10 @@ class Provider(Strict):
         for section in TYPE_SECTIONS:
             if section != self.type and getattr(self, section) is not None:
                 raise ValueError(f"'{section}:' settings given for a provider of type {self.type}")
+        if self.type == "bedrock":
+            problem = bedrock_problem(self.base_url, self.bedrock, self.api_key_env)
+            if problem:
+                raise ValueError(problem)
         if self.type == "azure":
             path = urlsplit(self.base_url).path.rstrip("/")
             if path:
@@ -365,7 +370,7 @@ class Policy(Strict):
 
 
 # Provider fields holding the settings of one type (named after it).
-TYPE_SECTIONS = ("azure",)
+TYPE_SECTIONS = ("azure", "bedrock")
 AZURE_DEPLOYMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

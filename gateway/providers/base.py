@@ -59,6 +59,8 @@ class Adapter:
     passthrough: ClassVar[bool] = False
     # The gateway endpoints this provider type can serve ("chat", "completions", "embeddings").
     endpoints: ClassVar[frozenset[str]] = frozenset({"chat"})
+    # `request` paths are percent-encoded already (and signed as sent): not re-normalised.
+    encoded_paths: ClassVar[bool] = False
 
     def __init__(self, config: Provider, api_key: str | None) -> None:
         self.config = config
@@ -69,6 +71,11 @@ class Adapter:
     def session_headers(self) -> dict[str, str]:
         """Headers on every request: content type, auth, version; the policy's `headers` win."""
         return {**JSON_HEADERS, **self.auth_headers(), **self.config.headers}
+
+    def secrets(self) -> list[str]:
+        """Credential values beyond `api_key` and headers (e.g. a signing secret): masked by
+        the redactor wherever text could carry them."""
+        return []
 
     def auth_headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}

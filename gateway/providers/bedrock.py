@@ -14,7 +14,13 @@ from typing import Any
 
 import orjson
 
-from gateway.providers.base import JSON_HEADERS, Adapter, StreamTranslator, UpstreamRequest, register
+from gateway.providers.base import (
+    JSON_HEADERS,
+    Adapter,
+    StreamTranslator,
+    UpstreamRequest,
+    register,
+)
 from gateway.providers.bedrock_mapping import (
     BadAnswer,
     StreamError,
@@ -31,7 +37,7 @@ from gateway.providers.bedrock_wire import (
     Signer,
     operation_path,
 )
-from gateway.providers.settings import BedrockSettings
+from gateway.providers.settings import BedrockSettings, bedrock_region
 from gateway.upstream import UpstreamFailure, forwardable_headers, parse_retry_after
 from gateway.validate import InvalidAnswer
 
@@ -42,6 +48,7 @@ _PRELUDE = 12  # total length, headers length, prelude CRC
 class BedrockAdapter(Adapter):
     type = "bedrock"
     endpoints = frozenset({"chat"})
+    encoded_paths = True  # a model id's ':' travels as %3A, as SigV4 signed it
 
     def __init__(self, config: Any, api_key: str | None) -> None:
         super().__init__(config, api_key)
@@ -50,7 +57,8 @@ class BedrockAdapter(Adapter):
         env = os.environ
         self._secret = env.get(settings.secret_access_key_env, "")
         self._token = env.get(settings.session_token_env or "", "") or None
-        region = settings.region or env.get(settings.region_env, "") or "us-east-1"
+        # No region anywhere: the loader warned; us-east-1 is what AWS's own tools fall back to.
+        region = bedrock_region(config.base_url, settings, env) or "us-east-1"
         self._signer = Signer(
             env.get(settings.access_key_id_env, ""), self._secret, self._token, region
         )

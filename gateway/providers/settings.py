@@ -7,12 +7,16 @@ another type is refused instead of silently ignored.
 
 from __future__ import annotations
 
+import importlib.util
+import re
+from collections.abc import Mapping
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Every adapter type the gateway knows; each has an entry in gateway.providers' registry.
-ProviderType = Literal["openai", "azure"]
+ProviderType = Literal["openai", "azure", "bedrock"]
 
 
 class _Strict(BaseModel):
@@ -60,3 +64,92 @@ class AnthropicSettings(_Strict):
     beta: list[str] = Field(
         default_factory=list, description="Values of the anthropic-beta header, if any."
     )
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class BedrockSettings(_Strict):
+    """Amazon Bedrock's Converse API, signed with SigV4 from credentials in the environment."""
+
+    region: str | None = Field(
+        None,
+        pattern=r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+$",
+        description="AWS region, e.g. us-east-1; when absent it is read from region_env.",
+    )
+    region_env: str = Field("AWS_REGION", description="Variable holding the region.")
+    access_key_id_env: str = Field(
+        "AWS_ACCESS_KEY_ID", description="Variable holding the access key id."
+    )
+    secret_access_key_env: str = Field(
+        "AWS_SECRET_ACCESS_KEY", description="Variable holding the secret access key."
+    )
+    session_token_env: str | None = Field(
+        "AWS_SESSION_TOKEN",
+        description="Variable holding a session token (temporary credentials); unset or empty "
+        "for long-term keys.",
+    )
+    cache_system_prompt: bool = Field(
+        False,
+        description="Add a cachePoint after the system prompt so that Bedrock's prompt cache "
+        "serves repeated system prompts (models with prompt caching only).",
+    )
+
+    @field_validator(
+        "region_env", "access_key_id_env", "secret_access_key_env", "session_token_env"
+    )
+    @classmethod
+    def _env_name(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not _ENV_NAME.match(v):
+            raise ValueError(f"'{v}' is not an environment variable name")
+        if v.startswith("GATEWAY_"):
+            raise ValueError(
+                f"'{v}': provider credentials may not be read from GATEWAY_* variables"
+            )
+        return v
+
+
+_BEDROCK_HOST = re.compile(r"^bedrock-runtime(-fips)?\.([a-z0-9-]+)\.amazonaws\.com$")
+
+
+def bedrock_problem(
+    base_url: str, settings: BedrockSettings | None, api_key_env: str | None
+) -> str | None:
+    """Why a `type: bedrock` provider cannot work as configured (None: it can)."""
+    if importlib.util.find_spec("botocore") is None:
+        return (
+            "type bedrock needs botocore, which is not installed: "
+            "pip install 'llm-gateway[aws]' (or pip install botocore)"
+        )
+    parts = urlsplit(base_url)
+    if parts.path.rstrip("/"):
+        return (
+            "base_url: for type bedrock give the runtime endpoint without a path "
+            f"(https://bedrock-runtime.REGION.amazonaws.com), not '{parts.path}'"
+        )
+    if api_key_env is not None:
+        return (
+            "api_key_env: a bedrock provider signs with AWS credentials, named in "
+            "bedrock.access_key_id_env / secret_access_key_env / session_token_env"
+        )
+    m = _BEDROCK_HOST.match(parts.hostname or "")
+    region = settings.region if settings is not None else None
+    if m and region and m.group(2) != region:
+        # The signature's scope names the region: a mismatch is refused by AWS on every call.
+        return f"bedrock.region '{region}' differs from the region of base_url ('{m.group(2)}')"
+    return None
+
+
+def bedrock_region(
+    base_url: str, settings: BedrockSettings | None, env: Mapping[str, str]
+) -> str | None:
+    """The region to sign for: the policy's, else the endpoint host's, else region_env's."""
+    settings = settings or BedrockSettings()
+    if settings.region:
+        return settings.region
+    m = _BEDROCK_HOST.match(urlsplit(base_url).hostname or "")
+    if m:
+        return m.group(2)
+    return env.get(settings.region_env) or None
