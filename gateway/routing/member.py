@@ -187,6 +187,9 @@ class Member:
     def _outcome(self, now: float, failed: float) -> None:
         """Fold one outcome (1.0 failed, 0.0 succeeded) into the failure share."""
         current = self.failure_share(now)
+        if not current and not failed:
+            self._fail_stamp = now  # the common case: nothing failed lately
+            return
         dt = max(now - self._fail_stamp, 0.0)
         # Under load each outcome weighs ERROR_ALPHA; when outcomes are sparse, elapsed time
         # does (like the latency estimate), so a lone failure after a quiet spell counts more
