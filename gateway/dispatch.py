@@ -372,13 +372,14 @@ class Dispatcher:
         adapter = m.client.adapter
         if not adapter.supports(acc.endpoint):
             raise UnsupportedEndpoint(m.config.type, acc.endpoint)
-        req = adapter.request(acc.endpoint, acc.body, m.config.model_for(acc.model), False)
+        model = m.config.model_for(acc.model)
+        req = adapter.request(acc.endpoint, acc.body, model, False)
         headers = upstream_headers(ctx)
         if req.headers:
             headers = {**headers, **req.headers} if headers else req.headers
         resp = await m.client.send(req.path, req.body, headers, m.config.timeouts, acc.max_tokens)
         try:
-            resp.body = adapter.response(acc.endpoint, resp.body)
+            resp.body = adapter.response(acc.endpoint, resp.body, model)
         except InvalidAnswer as e:
             raise UpstreamFailure("bad_response", str(e)) from None
         return resp

@@ -17,7 +17,13 @@ from gateway.cache.exact import ExactSettings
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
 from gateway.classify import ClassRule
 from gateway.governance.settings import Governance
-from gateway.providers.settings import AzureSettings, BedrockSettings, ProviderType, bedrock_problem
+from gateway.providers.settings import (
+    AnthropicSettings,
+    AzureSettings,
+    BedrockSettings,
+    ProviderType,
+    bedrock_problem,
+)
 from gateway.replicas import ReplicaSettings
 from gateway.resilience.admission import QueueSettings
 from gateway.resilience.breaker import BreakerSettings
@@ -78,6 +84,7 @@ class Provider(Strict):
     )
     azure: AzureSettings | None = Field(None, description="Settings of `type: azure`.")
     bedrock: BedrockSettings | None = Field(None, description="Settings of `type: bedrock`.")
+    anthropic: AnthropicSettings | None = Field(None, description="Settings of `type: anthropic`.")
     base_url: str = Field(pattern=r"^https?://", description="Ends with the API root, e.g. .../v1")
     api_key_env: str | None = Field(
         None, description="Name of the env var holding the provider key."
@@ -152,6 +159,11 @@ class Provider(Strict):
             problem = bedrock_problem(self.base_url, self.bedrock, self.api_key_env)
             if problem:
                 raise ValueError(problem)
+        if self.type == "anthropic" and urlsplit(self.base_url).path.rstrip("/").endswith("/v1"):
+            raise ValueError(
+                "base_url: for type anthropic give the API root without /v1 "
+                "(https://api.anthropic.com): the adapter appends /v1/messages"
+            )
         if self.type == "azure":
             path = urlsplit(self.base_url).path.rstrip("/")
             if path:
@@ -370,7 +382,7 @@ class Policy(Strict):
 
 
 # Provider fields holding the settings of one type (named after it).
-TYPE_SECTIONS = ("azure", "bedrock")
+TYPE_SECTIONS = ("azure", "anthropic", "bedrock")
 AZURE_DEPLOYMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

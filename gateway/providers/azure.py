@@ -67,7 +67,7 @@ class AzureAdapter(Adapter):
             body = {**body, "model": model}
         return UpstreamRequest(self._path(endpoint, model), orjson.dumps(body))
 
-    def response(self, endpoint: str, body: bytes) -> bytes:
+    def response(self, endpoint: str, body: bytes, model: str) -> bytes:
         return body  # OpenAI's shape already (checked by the dispatcher like any answer)
 
     def stream(self, endpoint: str, body: dict[str, Any], model: str) -> StreamTranslator | None:

@@ -104,8 +104,9 @@ class Adapter:
         """The provider request for an OpenAI-shaped body; `model` is the provider's model id."""
         raise NotImplementedError
 
-    def response(self, endpoint: str, body: bytes) -> bytes:
-        """The provider's unary answer as OpenAI JSON bytes; raises InvalidAnswer."""
+    def response(self, endpoint: str, body: bytes, model: str) -> bytes:
+        """The provider's unary answer as OpenAI JSON bytes (`model`: the provider model id
+        the request named); raises InvalidAnswer."""
         raise NotImplementedError
 
     def stream(self, endpoint: str, body: dict[str, Any], model: str) -> StreamTranslator | None:

@@ -120,10 +120,10 @@ class BedrockAdapter(Adapter):
         path = operation_path(model, stream)
         return UpstreamRequest(path, data, self._signer.headers(self._base + path, data))
 
-    def response(self, endpoint: str, body: bytes) -> bytes:
+    def response(self, endpoint: str, body: bytes, model: str | None = None) -> bytes:
         try:
             answer = orjson.loads(body)
-            return orjson.dumps(converse_to_chat(answer, self._model))
+            return orjson.dumps(converse_to_chat(answer, model or self._model))
         except (orjson.JSONDecodeError, BadAnswer) as e:
             raise InvalidAnswer(f"not a Converse answer: {e}") from None
 

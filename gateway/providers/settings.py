@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Every adapter type the gateway knows; each has an entry in gateway.providers' registry.
-ProviderType = Literal["openai", "azure", "bedrock"]
+ProviderType = Literal["openai", "azure", "anthropic", "bedrock"]
 
 
 class _Strict(BaseModel):

@@ -29,6 +29,7 @@ class Request:
     headers: dict[bytes, bytes]
     body: bytes
     keep_alive: bool
+    query: bytes = b""
 
 
 class App:
@@ -122,12 +123,14 @@ class Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        path, _, query = self._url.partition(b"?")
         req = Request(
             self.parser.get_method(),
-            self._url.split(b"?", 1)[0],
+            path,
             self._headers,
             b"".join(self._body),
             self.parser.should_keep_alive(),
+            query,
         )
         if self.task is None and not self.pending:
             self._dispatch(req)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -95,6 +95,9 @@ class InstanceSpec(BaseModel):
     speed: float = Field(default=1.0, gt=0)
     overrides: dict[str, Any] = Field(default_factory=dict)
     api_key: str | None = None
+    wire: Literal["openai", "azure", "anthropic"] = Field(
+        "openai", description="The API the instance speaks (azure_wire.py, anthropic_wire.py)."
+    )
     faults: Faults | None = None
     seed: int = 0
 

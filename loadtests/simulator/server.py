@@ -22,6 +22,7 @@ from .profiles import InstanceSpec, Profile
 from .responses import ChatFormat, CompletionFormat, error_body
 from .static import StaticAnswers
 from .text import count_tokens, embedding
+from .wires import make_wire
 
 CHAT, COMPLETIONS, EMBEDDINGS = b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"
 MODELS, HEALTH = b"/v1/models", b"/health"
@@ -75,6 +76,8 @@ class Instance(App):
         self.static = StaticAnswers(self) if profile.zero_latency else None
         self._health_ok = self.response(200, b'{"status":"ok"}')
         self._health_bad = self.response(503, b'{"status":"unhealthy"}')
+        # Another provider's wire format in front of (or instead of) the OpenAI endpoints.
+        self.wire = make_wire(spec.wire, self)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -154,6 +157,8 @@ class Instance(App):
         if path == MODELS and req.method == b"GET" and self._authorized(req):
             self.stats.count_request("models")
             return self.response(200, self._models_body())
+        if self.wire is not None:
+            return None
         if self.static is None or self.faults.faults is not HEALTHY or req.method != b"POST":
             return None
         if path in (CHAT, COMPLETIONS) and self._authorized(req):
@@ -170,8 +175,11 @@ class Instance(App):
         ]
         return orjson.dumps({"object": "list", "data": data})
 
-    async def handle(self, req: Request, conn: Connection) -> None:
+    async def handle(self, req: Request, conn: Connection, native: bool = False) -> None:
         path = req.path
+        if self.wire is not None and not native and not path.startswith(b"/admin/"):
+            await self.wire.handle(req, conn)
+            return
         if path.startswith(b"/admin/"):
             from .admin import control
 
