@@ -43,11 +43,13 @@ WEATHER = {
 }
 
 
-def bedrock_provider(url: str, secret_env: str = "BR_TEST_SECRET", extra: str = "") -> str:
+def bedrock_provider(
+    url: str, secret_env: str = "BR_TEST_SECRET", extra: str = "", settings: str = ""
+) -> str:
     return (
         f"{{type: bedrock, base_url: '{url}', models: {{'*': '{MODEL}'}}, {extra}"
         "bedrock: {region: eu-west-1, access_key_id_env: BR_TEST_KEY_ID, "
-        f"secret_access_key_env: {secret_env}, session_token_env: BR_TEST_TOKEN}}}}"
+        f"secret_access_key_env: {secret_env}, session_token_env: BR_TEST_TOKEN{settings}}}}}"
     )
 
 
@@ -382,3 +384,67 @@ def test_missing_botocore_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "botocore", None)
     with pytest.raises(RuntimeError, match=r"llm-gateway\[aws\]"):
         bedrock_wire.botocore_modules()
+
+
+def test_messages_and_responses_apis_answered_by_bedrock(gw) -> None:
+    """The inbound Anthropic Messages and OpenAI Responses APIs, translated onto chat, are
+    answered by a bedrock member like any other."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+    msg = claude.messages.create(
+        model="chat",
+        max_tokens=6,
+        system="Be brief.",
+        messages=[{"role": "user", "content": "Hello"}],
+    )
+    assert msg.content[0].type == "text" and msg.content[0].text
+    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 6
+    with claude.messages.stream(
+        model="chat", max_tokens=6, messages=[{"role": "user", "content": "Hello"}]
+    ) as stream:
+        streamed = "".join(stream.text_stream)
+    assert streamed
+    forced = claude.messages.create(
+        model="chat",
+        max_tokens=50,
+        messages=[{"role": "user", "content": "Weather in Rome?"}],
+        tools=[
+            {
+                "name": "get_weather",
+                "description": "Weather of a city",
+                "input_schema": WEATHER["function"]["parameters"],
+            }
+        ],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    use = next(b for b in forced.content if b.type == "tool_use")
+    jsonschema.validate(use.input, WEATHER["function"]["parameters"])
+    client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+    resp = client.responses.create(model="chat", input="Hello", max_output_tokens=16)
+    assert resp.output_text
+    events = [e.type for e in client.responses.create(model="chat", input="Hi", stream=True)]
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+
+
+def test_prompt_cache_point_reports_cached_tokens(sim) -> None:
+    provider = bedrock_provider(sim.url, settings=", cache_system_prompt: true")
+    text = f"providers:\n  br: {provider}\npools:\n  p: {{members: [br]}}\nmodels:\n  chat: {{pool: p}}\n"
+    with GatewayServer(text) as g:
+        client = openai.OpenAI(base_url=g.base_url, api_key="unused", max_retries=0)
+        system = "You answer questions about the harbor timetable. " * 8
+        asks = [
+            client.chat.completions.create(
+                model="chat",
+                messages=[
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"question {i}"},
+                ],
+                max_tokens=4,
+            )
+            for i in range(2)
+        ]
+    assert sim.stats.last_body["system"][-1] == {"cachePoint": {"type": "default"}}
+    assert asks[0].usage.prompt_tokens_details.cached_tokens == 0
+    cached = asks[1].usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and asks[1].usage.prompt_tokens == asks[0].usage.prompt_tokens
