@@ -368,3 +368,80 @@ def test_error_mapping(status: int, name: str, message: str, kind: str, code: st
         assert err["code"] == code
     # The exception name is also read from the body's __type when the header is absent.
     assert map_error(status, {}, orjson.dumps({"__type": name, "message": message})).kind == kind
+
+
+def _adapter(monkeypatch):
+    from gateway.policy.loader import parse_policy
+    from gateway.providers.registry import make_adapter
+
+    env = {"AWS_ACCESS_KEY_ID": "AKIDUNIT", "AWS_SECRET_ACCESS_KEY": "unit-secret-value"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    policy = parse_policy(
+        "providers:\n  br: {type: bedrock, base_url: 'https://bedrock-runtime.us-west-2."
+        "amazonaws.com', models: {'*': 'meta.llama3-8b-instruct-v1:0'}}\n"
+        "pools:\n  p: {members: [br]}\nmodels:\n  m: {pool: p}\n",
+        env=env,
+    )
+    return make_adapter(policy.providers["br"], None)
+
+
+def test_adapter_signs_for_the_host_region_and_keeps_secrets(monkeypatch) -> None:
+    adapter = _adapter(monkeypatch)
+    req = adapter.request(
+        "chat",
+        {"messages": [{"role": "user", "content": "hi"}]},
+        "meta.llama3-8b-instruct-v1:0",
+        False,
+    )
+    assert req.path == "/model/meta.llama3-8b-instruct-v1%3A0/converse"
+    auth = req.headers["Authorization"]
+    assert (
+        auth.startswith("AWS4-HMAC-SHA256 Credential=AKIDUNIT/") and "/us-west-2/bedrock/" in auth
+    )
+    assert "unit-secret-value" not in repr(req.headers)
+    assert adapter.secrets() == ["unit-secret-value"]
+    assert "authorization" not in {k.lower() for k in adapter.session_headers()}
+
+
+def test_adapter_stream_translation_survives_any_chunking(monkeypatch) -> None:
+    from loadtests.simulator.bedrock import event_message
+
+    adapter = _adapter(monkeypatch)
+    raw = b"".join(event_message(t, p) for t, p in _events(["one", " two", " three"], tool=True))
+    body = {"messages": [], "stream_options": {"include_usage": True}}
+    whole = adapter.stream("chat", body, "m")(raw)
+    for size in (1, 7, 64):
+        translate = adapter.stream("chat", body, "m")
+        out = b"".join(translate(raw[i : i + size]) for i in range(0, len(raw), size))
+        strip = [{**c, "id": "", "created": 0} for c in validate_sse(out)]
+        assert strip == [{**c, "id": "", "created": 0} for c in validate_sse(whole)]
+
+
+def test_adapter_refuses_junk_streams_and_answers(monkeypatch) -> None:
+    from gateway.upstream import UpstreamFailure
+    from gateway.validate import InvalidAnswer
+    from loadtests.simulator.bedrock import event_message, exception_message
+
+    adapter = _adapter(monkeypatch)
+    assert adapter.is_stream("application/vnd.amazon.eventstream")
+    assert not adapter.is_stream("text/event-stream")
+    with pytest.raises(InvalidAnswer):
+        adapter.first_event_complete(b"<html><body>gateway timeout</body></html>")
+    first = event_message("messageStart", {"role": "assistant"})
+    assert not adapter.first_event_complete(first[:-1]) and adapter.first_event_complete(first)
+    bad = bytearray(first)
+    bad[-1] ^= 0xFF  # the message CRC
+    with pytest.raises(InvalidAnswer):
+        adapter.stream("chat", {}, "m")(bytes(bad))
+    with pytest.raises(UpstreamFailure) as e:
+        adapter.stream("chat", {}, "m")(exception_message("throttlingException", "slow down"))
+    assert e.value.kind == "rate_limited"
+    for junk in (b"not json", b"{}", b'{"output": {"message": {"content": "x"}}}'):
+        with pytest.raises(InvalidAnswer):
+            adapter.response("chat", junk)
+    with pytest.raises(UpstreamFailure) as e:
+        adapter.request(
+            "chat", {"messages": [{"role": "user", "content": "x"}], "n": 3}, "m", False
+        )
+    assert e.value.kind == "unsupported"
