@@ -35,9 +35,15 @@ def _schemas() -> dict[str, Any]:
     return json.loads(SCHEMAS.read_text())["schemas"]
 
 
+@cache
+def _validator(name: str) -> jsonschema.Draft202012Validator:
+    # Built once per schema: `jsonschema.validate` re-checks the (large) schema on every call.
+    return jsonschema.Draft202012Validator(_schemas()[name])
+
+
 def validate(name: str, instance: Any) -> None:
     """Validate against the official OpenAI JSON Schema `name` (e.g. CreateChatCompletionResponse)."""
-    jsonschema.validate(instance, _schemas()[name], cls=jsonschema.Draft202012Validator)
+    _validator(name).validate(instance)
 
 
 def validate_sse(body: bytes | str) -> list[dict[str, Any]]:

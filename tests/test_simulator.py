@@ -261,9 +261,9 @@ def test_forced_tool_call(fleet: Fleet, client: httpx.Client, stream: bool) -> N
     )
     assert set(json.loads(args)) == {"city"}
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    # Without a forcing tool_choice, tools are just accepted and the answer is text.
-    plain = client.post(url, json={**body, "tool_choice": "auto", "stream": False}).json()
-    assert plain["choices"][0]["message"]["content"]
+    # Under `auto`, a message that does not ask for the tool gets text.
+    plain = {**body, "tool_choice": "auto", "stream": False, "messages": user("hello")}
+    assert client.post(url, json=plain).json()["choices"][0]["message"]["content"]
 
 
 # -- determinism and continuation ----------------------------------------------------------------

@@ -104,18 +104,14 @@ async def _stream(
     end_at, stall_at, rate = f.end_stream_after_chunks, f.stall_after_chunks, f.trickle_bytes_per_s
     if not conn.head_sent:
         conn.start_stream()
-    ids = [] if job.tool else word_ids(job.seed, job.start, job.n_out)
-    args = job.tool["function"]["arguments"] if job.tool else ""
-    if job.tool:
-        head_call = {
-            **job.tool,
-            "function": {"name": job.tool["function"]["name"], "arguments": ""},
-        }
-        out = fmt.role_chunk(None) + fmt.tool_chunk(head_call)
-    else:
-        out = fmt.role_chunk("")
+    plan = job.plan
+    ids = [] if plan is not None else word_ids(job.seed, job.start, job.n_out)
+    out = fmt.plan_start(plan) if plan is not None else fmt.role_chunk("")
     if shape.broken == "truncated_json":
-        event = fmt.words(ids[:1], job.first) if ids else fmt.final_chunk(job.finish)
+        if plan is not None:
+            event = fmt.plan_pieces(plan, 0, 1)
+        else:
+            event = fmt.words(ids[:1], job.first) if ids else fmt.final_chunk(job.finish)
         conn.write_chunk(out + event[: len(event) // 2] + b"\n\n")
         conn.end_stream()
         inst.stats.count_status(200)
@@ -136,9 +132,8 @@ async def _stream(
         nonlocal out, sent
         if stop_at is not None and sent + k > stop_at:
             k = stop_at - sent
-        if job.tool:
-            pieces = [_slice(args, job.n_out, sent + j) for j in range(k)]
-            out += b"".join(fmt.tool_chunk({"function": {"arguments": p}}) for p in pieces if p)
+        if plan is not None:
+            out += fmt.plan_pieces(plan, sent, sent + k)
         elif k:
             out += fmt.words(ids[sent : sent + k], job.first and sent == 0)
         sent += k
@@ -163,19 +158,13 @@ async def _stream(
     async for k in inst.engine.decode(job.n_out - n_first):
         if not await emit(k):
             return
-    inst.stats.completion_tokens += job.n_out
-    tail = fmt.final_chunk(job.finish)
+    inst.stats.completion_tokens += job.out_tokens
+    tail = fmt.final_chunk(job.finish) if plan is None else b""
     if job.include_usage:
-        tail += fmt.usage_chunk(usage(job.prompt_tokens, job.n_out, cached))
+        tail += fmt.usage_chunk(usage(job.prompt_tokens, job.out_tokens, cached))
     await write(tail + DONE)
     conn.end_stream()
     inst.stats.count_status(200)
-
-
-def _slice(args: str, n: int, j: int) -> str:
-    """The ``j``-th of ``n`` nearly equal pieces of the tool-call arguments."""
-    size = len(args)
-    return args[size * j // n : size * (j + 1) // n]
 
 
 async def _whole(
@@ -183,10 +172,10 @@ async def _whole(
 ) -> None:
     async for _ in inst.engine.decode(job.n_out - min(1, job.n_out)):
         pass
-    inst.stats.completion_tokens += job.n_out
-    u = usage(job.prompt_tokens, job.n_out, cached)
-    if job.tool:
-        body = fmt.body(None, job.finish, u, [job.tool])
+    inst.stats.completion_tokens += job.out_tokens
+    u = usage(job.prompt_tokens, job.out_tokens, cached)
+    if job.plan is not None:
+        body = fmt.plan_body(job.plan, u)
     else:
         text = join_words(word_ids(job.seed, job.start, job.n_out), job.first)
         body = fmt.body(text, job.finish, u)

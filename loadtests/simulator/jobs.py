@@ -1,4 +1,4 @@
-"""Turn a request body into a generation job: prompt, seed, output length, continuation, tools.
+"""Turn a request body into a generation job: prompt, seed, output length, continuation, plan.
 
 Only the fields the simulator acts on are checked; every other field is ignored, as a lenient
 OpenAI-compatible server would.
@@ -11,16 +11,15 @@ from typing import Any
 
 import orjson
 
+from .behaviour import Plan, chat_plan, completion_plan, natural_words, needs_plan
 from .profiles import Profile
 from .text import (
-    VOCAB,
     content_text,
     count_tokens,
     count_words,
     natural_length,
     render_messages,
     text_seed,
-    word_ids,
 )
 
 
@@ -44,7 +43,14 @@ class Job:
     first: bool  # the output starts the answer: no leading space
     n_out: int
     finish: str
-    tool: dict[str, Any] | None = None  # forced tool call: {"id","type","function"}
+    # n, tools, structured output, logprobs, stop: what each choice says (None: plain text,
+    # served from precomputed pieces).
+    plan: Plan | None = None
+
+    @property
+    def out_tokens(self) -> int:
+        """Completion tokens of the whole answer (all choices)."""
+        return self.plan.tokens if self.plan is not None else self.n_out
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -87,45 +93,15 @@ def _common(body: dict[str, Any], profile: Profile) -> tuple[str, bool, bool, in
 def _length(limit: int | None, seed: int, start: int, profile: Profile) -> tuple[int, str]:
     """Tokens to emit and the finish reason: max_tokens is the budget from ``start`` on."""
     if limit is not None:
-        return min(limit, profile.max_output), "length"
+        n = min(limit, profile.max_output)
+        if profile.zero_latency:  # the static answer's length at most
+            n = min(n, profile.static_output_tokens)
+        return n, "length"
     # Natural length of the whole answer, drawn from its own seed, minus what is already there.
     total = natural_length(seed, profile.output_mean, profile.output_sigma, profile.max_output)
+    if profile.zero_latency:
+        total = min(total, profile.static_output_tokens)
     return max(0, total - start), "stop"
-
-
-def _forced_tool(body: dict[str, Any]) -> dict[str, Any] | None:
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if not isinstance(tools, list) or not tools:
-        return None
-    fns: list[dict[str, Any]] = [
-        t["function"]
-        for t in tools
-        if isinstance(t, dict)
-        and isinstance(t.get("function"), dict)
-        and isinstance(t["function"].get("name"), str)
-    ]
-    if not fns:
-        return None
-    if choice == "required":
-        return fns[0]
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name")
-        return next((f for f in fns if f["name"] == name), None)
-    return None
-
-
-def _tool_call(fn: dict[str, Any], seed: int, rid: str) -> dict[str, Any]:
-    """A deterministic call: each declared parameter gets a two-word string."""
-    params = fn.get("parameters")
-    props = params.get("properties") if isinstance(params, dict) else None
-    names = list(props) if isinstance(props, dict) else []
-    ids = word_ids(seed, 0, 2 * len(names))
-    args = {n: f"{VOCAB[ids[2 * i]]} {VOCAB[ids[2 * i + 1]]}" for i, n in enumerate(names)}
-    return {
-        "id": f"call_{rid}",
-        "type": "function",
-        "function": {"name": fn["name"], "arguments": orjson.dumps(args).decode()},
-    }
 
 
 def chat_job(body: dict[str, Any], profile: Profile, rid: str) -> Job:
@@ -157,11 +133,15 @@ def chat_job(body: dict[str, Any], profile: Profile, rid: str) -> Job:
         n_out,
         finish,
     )
-    fn = _forced_tool(body)
-    if fn is not None:
-        job.tool = _tool_call(fn, seed, rid)
-        job.n_out = max(1, count_tokens(job.tool["function"]["arguments"]))
-        job.finish = "tool_calls"
+    if needs_plan(body):
+
+        def text(s: int, i: int) -> tuple[list[str], str]:
+            begin = start if i == 0 else 0
+            n, finish = _length(limit, s, begin, profile)
+            return natural_words(s, begin, n, first if i == 0 else True), finish
+
+        job.plan = chat_plan(body, messages, seed, text, rid)
+        job.n_out = max(1, job.plan.longest)
     return job
 
 
@@ -179,7 +159,16 @@ def completion_job(body: dict[str, Any], profile: Profile) -> Job:
         raise BadRequest("prompt must be a string, a list of strings or a list of tokens", "prompt")
     seed = text_seed(text, body.get("seed"))
     n_out, finish = _length(limit, seed, 0, profile)
-    return Job(model, stream, include_usage, text, tokens, seed, 0, True, n_out, finish)
+    job = Job(model, stream, include_usage, text, tokens, seed, 0, True, n_out, finish)
+    if needs_plan(body):
+
+        def words(s: int, i: int) -> tuple[list[str], str]:
+            n, finish = _length(limit, s, 0, profile)
+            return natural_words(s, 0, n, True), finish
+
+        job.plan = completion_plan(body, seed, words)
+        job.n_out = max(1, job.plan.longest)
+    return job
 
 
 def check_context(job: Job, profile: Profile) -> None:

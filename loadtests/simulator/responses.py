@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from .behaviour import Choice, Plan, chat_logprobs, completion_logprobs
 from .text import WORD_JSON_FIRST, WORD_JSON_NEXT
 
 DONE = b"data: [DONE]\n\n"
@@ -81,26 +82,14 @@ class ChatFormat:
             first = False
         return b"".join(out)
 
-    def tool_chunk(self, call: dict[str, Any]) -> bytes:
-        delta = {"tool_calls": [{"index": 0, **call}]}
-        return self.chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
-
     def final_chunk(self, finish: str) -> bytes:
         return self.chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}])
 
     def usage_chunk(self, usage_: dict[str, Any]) -> bytes:
         return self.chunk([], usage_)
 
-    def body(
-        self,
-        text: str | None,
-        finish: str,
-        usage_: dict[str, Any],
-        tool_calls: list[dict[str, Any]] | None = None,
-    ) -> bytes:
+    def body(self, text: str | None, finish: str, usage_: dict[str, Any]) -> bytes:
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-        if tool_calls:
-            message["tool_calls"] = tool_calls
         return orjson.dumps(
             {
                 **self.base,
@@ -110,6 +99,64 @@ class ChatFormat:
                 ],
                 "usage": usage_,
             }
+        )
+
+    # -- planned answers (n, tools, structured output, logprobs, stop): built per chunk ---------
+
+    def plan_start(self, plan: Plan) -> bytes:
+        """The first chunk of each choice: the role (and a tool call's id and name)."""
+        out = []
+        for c in plan.choices:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""}
+            if c.tool is not None:
+                head = {"name": c.tool["function"]["name"], "arguments": ""}
+                call = {"index": 0, "id": c.tool["id"], "type": "function", "function": head}
+                delta = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choice = {"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None}
+            out.append(self.chunk([choice]))
+        return b"".join(out)
+
+    def _piece(self, c: Choice, j: int, plan: Plan) -> dict[str, Any]:
+        p = c.pieces[j]
+        if c.tool is not None:
+            delta: dict[str, Any] = {"tool_calls": [{"index": 0, "function": {"arguments": p}}]}
+        else:
+            delta = {"content": p}
+        lp = None
+        if c.logprobs is not None:
+            lp = {"content": chat_logprobs(c.logprobs[j : j + 1], [p]), "refusal": None}
+        return {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": None}
+
+    def _finish(self, c: Choice) -> dict[str, Any]:
+        return {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": c.finish}
+
+    def plan_pieces(self, plan: Plan, lo: int, hi: int) -> bytes:
+        """Chunks of tokens ``lo..hi`` of every choice, and the finish of choices ending there."""
+        out = []
+        for c in plan.choices:
+            n = len(c.pieces)
+            for j in range(lo, min(hi, n)):
+                out.append(self.chunk([self._piece(c, j, plan)]))
+            if n <= hi and (n > lo or lo == 0):
+                out.append(self.chunk([self._finish(c)]))
+        return b"".join(out)
+
+    def plan_body(self, plan: Plan, usage_: dict[str, Any]) -> bytes:
+        choices = []
+        for c in plan.choices:
+            message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
+            if c.tool is not None:
+                message["tool_calls"] = [c.tool]
+            else:
+                message["content"] = c.text
+            lp = None
+            if c.logprobs is not None:
+                lp = {"content": chat_logprobs(c.logprobs, c.pieces), "refusal": None}
+            choices.append(
+                {"index": c.index, "message": message, "logprobs": lp, "finish_reason": c.finish}
+            )
+        return orjson.dumps(
+            {**self.base, "object": "chat.completion", "choices": choices, "usage": usage_}
         )
 
 
@@ -131,12 +178,28 @@ class CompletionFormat(ChatFormat):
     def final_chunk(self, finish: str) -> bytes:
         return self.chunk([{"index": 0, "text": "", "logprobs": None, "finish_reason": finish}])
 
-    def body(
-        self,
-        text: str | None,
-        finish: str,
-        usage_: dict[str, Any],
-        tool_calls: list[dict[str, Any]] | None = None,
-    ) -> bytes:
+    def body(self, text: str | None, finish: str, usage_: dict[str, Any]) -> bytes:
         choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         return orjson.dumps({**self.base, "choices": [choice], "usage": usage_})
+
+    def plan_start(self, plan: Plan) -> bytes:
+        return b""
+
+    def _piece(self, c: Choice, j: int, plan: Plan) -> dict[str, Any]:
+        p = c.pieces[j]
+        lp = None
+        if c.logprobs is not None:
+            lp = completion_logprobs(c.logprobs[j : j + 1], [p], len("".join(c.pieces[:j])))
+        return {"index": c.index, "text": p, "logprobs": lp, "finish_reason": None}
+
+    def _finish(self, c: Choice) -> dict[str, Any]:
+        return {"index": c.index, "text": "", "logprobs": None, "finish_reason": c.finish}
+
+    def plan_body(self, plan: Plan, usage_: dict[str, Any]) -> bytes:
+        choices = []
+        for c in plan.choices:
+            lp = completion_logprobs(c.logprobs, c.pieces, 0) if c.logprobs is not None else None
+            choices.append(
+                {"index": c.index, "text": c.text, "logprobs": lp, "finish_reason": c.finish}
+            )
+        return orjson.dumps({**self.base, "choices": choices, "usage": usage_})

@@ -255,7 +255,7 @@ class Instance(App):
     async def _generate(
         self, job: Job, path: bytes, rid: str, conn: Connection, shape: Shape = PLAIN
     ) -> None:
-        if self.profile.zero_latency:
+        if self.profile.zero_latency and job.plan is None:
             job.n_out = min(job.n_out, self.profile.static_output_tokens)
         kind = ChatFormat if path == CHAT else CompletionFormat
         prefix = "chatcmpl-" if path == CHAT else "cmpl-"

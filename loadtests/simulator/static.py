@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .behaviour import needs_plan
 from .http import Request, head
 from .responses import DONE, ChatFormat, CompletionFormat, usage
 from .text import count_tokens, join_words, render_messages, word_ids
@@ -50,8 +51,8 @@ class StaticAnswers:
             body = orjson.loads(req.body)
         except orjson.JSONDecodeError:
             return None
-        if not isinstance(body, dict):
-            return None
+        if not isinstance(body, dict) or needs_plan(body):
+            return None  # n, tools, structured output...: the general path
         model = body.get("model", self.default_model)
         if not isinstance(model, str):
             return None
