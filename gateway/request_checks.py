@@ -200,12 +200,32 @@ def _function_name(name: Any, p: str) -> None:
         )
 
 
+def _plain_function(tool: Any) -> bool:
+    """A well-formed function tool (the common case), decided without building any param path."""
+    if type(tool) is not dict or tool.get("type") != "function":
+        return False
+    fn = tool.get("function")
+    if type(fn) is not dict:
+        return False
+    name = fn.get("name")
+    if type(name) is not str or len(name) > 64 or not _FUNCTION_NAME.match(name):
+        return False
+    params, desc, strict = fn.get("parameters"), fn.get("description"), fn.get("strict")
+    return (
+        (params is None or type(params) is dict)
+        and (desc is None or type(desc) is str)
+        and (strict is None or type(strict) is bool)
+    )
+
+
 def _tools(v: Any, p: str) -> None:
     if v is None:
         return
     if not isinstance(v, list):
         raise invalid_type(p, "an array", v)
     for i, tool in enumerate(v):
+        if _plain_function(tool):
+            continue
         tp = f"{p}[{i}]"
         if not isinstance(tool, dict):
             raise invalid_type(tp, "an object", tool)
@@ -312,6 +332,7 @@ def _response_format(v: Any, p: str) -> None:
 
 ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 # Roles whose `content` is required (the assistant's may be null or absent: tool calls only).
+_PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
 _CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool", "function"})
 
 
@@ -322,33 +343,45 @@ def check_messages(messages: Any) -> None:
     if not messages:
         raise _empty("messages")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise invalid_type(f"messages[{i}]", "an object", m)
-        role = m.get("role")
-        if role not in ROLES:
-            if role is None:
-                raise missing(f"messages[{i}].role")
-            if not isinstance(role, str):
-                raise invalid_type(f"messages[{i}].role", "a string", role)
-            raise invalid_value(f"messages[{i}].role", role, ROLES)
-        content = m.get("content")
-        if content is None:
-            # `function` messages may say null, but must say it.
-            if role in _CONTENT_REQUIRED and not (role == "function" and "content" in m):
-                raise missing(f"messages[{i}].content")
-        elif not isinstance(content, str):
-            _content_parts(content, f"messages[{i}].content")
-        if role == "tool":
-            tid = m.get("tool_call_id")
-            if tid is None:
-                raise missing(f"messages[{i}].tool_call_id")
-            if not isinstance(tid, str):
-                raise invalid_type(f"messages[{i}].tool_call_id", "a string", tid)
-        elif role == "assistant" and m.get("tool_calls") is not None:
-            _tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
-        name = m.get("name")
-        if name is not None and not isinstance(name, str):
-            raise invalid_type(f"messages[{i}].name", "a string", name)
+        # The common message, `{"role": "user", "content": "text"}`, in three lookups.
+        if (
+            type(m) is dict
+            and len(m) == 2
+            and m.get("role") in _PLAIN_ROLES
+            and type(m.get("content")) is str
+        ):
+            continue
+        _check_message(i, m)
+
+
+def _check_message(i: int, m: Any) -> None:
+    if not isinstance(m, dict):
+        raise invalid_type(f"messages[{i}]", "an object", m)
+    role = m.get("role")
+    if role not in ROLES:
+        if role is None:
+            raise missing(f"messages[{i}].role")
+        if not isinstance(role, str):
+            raise invalid_type(f"messages[{i}].role", "a string", role)
+        raise invalid_value(f"messages[{i}].role", role, ROLES)
+    content = m.get("content")
+    if content is None:
+        # `function` messages may say null, but must say it.
+        if role in _CONTENT_REQUIRED and not (role == "function" and "content" in m):
+            raise missing(f"messages[{i}].content")
+    elif not isinstance(content, str):
+        _content_parts(content, f"messages[{i}].content")
+    if role == "tool":
+        tid = m.get("tool_call_id")
+        if tid is None:
+            raise missing(f"messages[{i}].tool_call_id")
+        if not isinstance(tid, str):
+            raise invalid_type(f"messages[{i}].tool_call_id", "a string", tid)
+    elif role == "assistant" and m.get("tool_calls") is not None:
+        _tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+    name = m.get("name")
+    if name is not None and not isinstance(name, str):
+        raise invalid_type(f"messages[{i}].name", "a string", name)
 
 
 def _content_parts(content: Any, p: str) -> None:
