@@ -19,21 +19,28 @@ _MODEL = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
 
 
 class ModelName:
-    """Rewrites the `model` member of answers to one name."""
+    """Rewrites the `model` member of answers to one name (one instance per request: it
+    remembers the member the provider wrote, so later events of a stream cost one replace)."""
 
-    __slots__ = ("_member", "_same")
+    __slots__ = ("_member", "_same", "_seen")
 
     def __init__(self, name: str) -> None:
         value = orjson.dumps(name)
         self._member = b'"model":' + value
         self._same = (self._member, b'"model": ' + value)
+        self._seen: bytes | None = None
 
     def __call__(self, data: bytes) -> bytes:
+        if self._seen is not None:
+            out = data.replace(self._seen, self._member, 1)
+            if out is not data:
+                return out
         if self._same[0] in data or self._same[1] in data:
             return data
         m = _MODEL.search(data)
         if m is None or (m.start() and data[m.start() - 1] == 0x5C):  # an escaped quote: text
             return data
+        self._seen = m.group()
         return data[: m.start()] + self._member + data[m.end() :]
 
 

@@ -28,3 +28,11 @@ def test_escapes_the_alias_and_follows_the_setting() -> None:
     assert ModelName('a"b')(b'{"model":"x"}') == b'{"model":"a\\"b"}'
     assert for_alias("provider", "demo") is None
     assert for_alias("alias", "demo") is not None
+
+
+def test_later_stream_events_reuse_the_first_match() -> None:
+    rename = ModelName("demo")
+    ev = b'data: {"id":"c","model":"sim-small","choices":[{"delta":{"content":"%d"}}]}\n\n'
+    outs = [rename(ev % i) for i in range(3)]
+    assert all(o == (ev % i).replace(b"sim-small", b"demo") for i, o in enumerate(outs))
+    assert rename(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
