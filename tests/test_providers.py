@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -143,3 +144,12 @@ def test_azure_fields_are_validated(kwargs: dict[str, str], where: str) -> None:
     with pytest.raises(PolicyError) as e:
         _azure(**kwargs)
     assert any(p.startswith(where) for p in e.value.problems), e.value.problems
+
+
+def test_the_readme_policy_example_per_provider_type_is_valid() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("### Provider types", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    policy = parse_policy(example + "models:\n  chat: {pool: main}\n", env={})
+    assert {p.type for p in policy.providers.values()} == {"openai", "azure", "anthropic"}
+    assert policy.providers["claude"].anthropic.cache_prefix  # type: ignore[union-attr]

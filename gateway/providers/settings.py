@@ -7,6 +7,7 @@ another type is refused instead of silently ignored.
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import re
 from collections.abc import Mapping
@@ -37,6 +38,13 @@ class AzureSettings(_Strict):
         pattern=r"^(\d{4}-\d{2}-\d{2}(-preview)?|v1|latest|preview)$",
         description="The api-version query parameter (deployments surface).",
     )
+
+    @field_validator("api_version", mode="before")
+    @classmethod
+    def _unquoted_date(cls, v: object) -> object:
+        # YAML reads an unquoted 2024-10-21 as a date.
+        return v.isoformat() if isinstance(v, datetime.date) else v
+
     auth: Literal["api-key", "bearer"] = Field(
         "api-key",
         description="How the key is sent: the `api-key` header, or `Authorization: Bearer` "
@@ -50,6 +58,12 @@ class AnthropicSettings(_Strict):
     version: str = Field(
         "2023-06-01", pattern=r"^\d{4}-\d{2}-\d{2}$", description="The anthropic-version header."
     )
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _unquoted_date(cls, v: object) -> object:
+        return v.isoformat() if isinstance(v, datetime.date) else v
+
     max_tokens: int = Field(
         4096,
         ge=1,
