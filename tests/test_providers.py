@@ -153,3 +153,9 @@ def test_the_readme_policy_example_per_provider_type_is_valid() -> None:
     policy = parse_policy(example + "models:\n  chat: {pool: main}\n", env={})
     assert {p.type for p in policy.providers.values()} == {"openai", "azure", "anthropic"}
     assert policy.providers["claude"].anthropic.cache_prefix  # type: ignore[union-attr]
+
+
+def test_the_provider_key_wins_over_a_policy_header_of_the_same_name() -> None:
+    cfg = Provider(base_url="http://h/v1", headers={"Authorization": "Bearer old"})
+    headers = make_adapter(cfg, "sk-new").session_headers()
+    assert headers["authorization"] == "Bearer sk-new"

@@ -388,6 +388,23 @@ def test_azure_deployment_chat_stream_and_embeddings(fleet: Fleet, client: opena
     assert wire(fleet, "az").last_path.startswith(b"/openai/deployments/embed-dep/embeddings?")
 
 
+def test_azure_tools_and_json_output_pass_unchanged(fleet: Fleet, client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="azure",
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    call = r.choices[0].message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "get_weather" and isinstance(
+        orjson.loads(call.function.arguments), dict
+    )
+    fmt = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
+    client.chat.completions.create(model="azure", messages=[USER], response_format=fmt)  # type: ignore[arg-type]
+    sent = orjson.loads(wire(fleet, "az").last_body)
+    assert sent["response_format"] == fmt and sent["model"] == "gpt4o-dep"
+
+
 def test_azure_v1_surface(fleet: Fleet, client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model="azure-v1", messages=[USER], max_tokens=4)
     assert r.choices[0].message.content

@@ -69,8 +69,9 @@ class Adapter:
     # -- transport hooks (gateway.upstream.UpstreamClient) ------------------------------------
 
     def session_headers(self) -> dict[str, str]:
-        """Headers on every request: content type, auth, version; the policy's `headers` win."""
-        return {**JSON_HEADERS, **self.auth_headers(), **self.config.headers}
+        """Headers on every request: content type, the policy's `headers`, then auth (the
+        provider key wins over a header of the same name, as it always did)."""
+        return {**JSON_HEADERS, **self.config.headers, **self.auth_headers()}
 
     def secrets(self) -> list[str]:
         """Credential values beyond `api_key` and headers (e.g. a signing secret): masked by

@@ -35,11 +35,13 @@ def _error(code: str, message: str) -> bytes:
 class AzureWire:
     def __init__(self, inst: Instance) -> None:
         self.inst = inst
-        self.last_path: bytes | None = None  # for tests: what the adapter called
+        self.last_path: bytes | None = None  # for tests: what the adapter called...
+        self.last_body: bytes | None = None  # ...and sent
 
     async def handle(self, req: Request, conn: Connection) -> None:
         inst = self.inst
         self.last_path = req.path + (b"?" + req.query if req.query else b"")
+        self.last_body = req.body
         deployment = _DEPLOYMENT.match(req.path)
         v1 = _V1.match(req.path)
         if deployment is None and v1 is None:
