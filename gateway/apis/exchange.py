@@ -71,12 +71,23 @@ def rebuild(
     )
 
 
-def translate_events(events: list[bytes], tr: StreamTranslator) -> list[bytes]:
-    """Chat SSE events in, the translator's events out ([DONE] and comments are consumed)."""
-    out: list[bytes] = []
+def translate_events(
+    events: list[bytes], tr: StreamTranslator, out: list[bytes] | None = None
+) -> bool:
+    """Chat SSE events in, the translator's events appended to `out`; True once `[DONE]` came
+    ([DONE] and comments are consumed)."""
+    out = [] if out is None else out
+    done = False
     for ev in events:
-        data = event_data(ev)
-        if data is None or data == b"[DONE]":
+        # The relay's events are single `data:` lines: sliced without splitting.
+        if ev.startswith(b"data: ") and ev.find(b"\n") == len(ev) - 2:
+            data: bytes | None = ev[6:-2]
+        else:
+            data = event_data(ev)
+        if data is None:
+            continue
+        if data == b"[DONE]":
+            done = True
             continue
         try:
             doc = orjson.loads(data)
@@ -89,12 +100,13 @@ def translate_events(events: list[bytes], tr: StreamTranslator) -> list[bytes]:
             out += tr.error(err if isinstance(err, dict) else {"message": str(err)})
         else:
             out += tr.chunk(doc)
-    return out
+    return done
 
 
 async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
     """A whole SSE body (a cached or degraded answer replayed as a stream)."""
-    out = translate_events(SSESplitter().feed(body + b"\n\n"), tr)
+    out: list[bytes] = []
+    translate_events(SSESplitter().feed(body + b"\n\n"), tr, out)
     out += await tr.finish()
     return b"".join(out)
 
@@ -102,12 +114,19 @@ async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
 async def _wrap(inner: AsyncIterator[bytes], tr: StreamTranslator) -> AsyncIterator[bytes]:
     splitter = SSESplitter()
     try:
+        tail: list[bytes] = []
         try:
+            finished = False
             async for piece in inner:
-                out = translate_events(splitter.feed(piece), tr)
+                out: list[bytes] = []
+                if translate_events(splitter.feed(piece), tr, out) and not finished:
+                    # The closing events leave with the last chunk: one write, not two.
+                    finished = True
+                    out += await tr.finish()
                 if out:
                     yield b"".join(out)
-            tail = await tr.finish()
+            if not finished:
+                tail = await tr.finish()
         except Exception as exc:  # a translation bug: the stream still ends in the API's shape
             log.exception("inbound stream translation failed", exc_info=exc)
             tail = tr.error({"message": "The gateway hit an internal error.", "code": "internal"})

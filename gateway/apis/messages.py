@@ -462,20 +462,30 @@ class MessageStream:
             "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
         )
 
+    def _text_delta(self, index: int, text: str) -> bytes:
+        # The most frequent event, encoded from a template (a third of the cost of a dict).
+        return (
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+            + str(index).encode()
+            + b',"delta":{"type":"text_delta","text":'
+            + orjson.dumps(text)
+            + b"}}\n\n"
+        )
+
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        out = self._start()
+        out = self._start() if not self.started else []
         if chunk.get("usage"):
             self.usage = _usage(chunk["usage"], self.prompt_estimate)
-        for c in chunk.get("choices") or []:
+        for c in chunk.get("choices") or ():
             if not isinstance(c, dict) or c.get("index", 0) != 0:
                 continue
             delta = c.get("delta") or {}
             text = delta.get("content")
-            if isinstance(text, str) and text:
+            if text and isinstance(text, str):
                 if self.block is None or self.block_kind != "text":
                     out += self._open({"type": "text", "text": ""})
                 assert self.block is not None
-                out.append(self._delta(self.block, {"type": "text_delta", "text": text}))
+                out.append(self._text_delta(self.block, text))
             for tc in delta.get("tool_calls") or []:
                 out += self._tool_delta(tc)
             if c.get("finish_reason"):

@@ -464,8 +464,20 @@ class ResponseEvents:
         out.append(self._ev("response.output_item.done", output_index=index, item=item))
         return out
 
+    def _text_delta(self, item_id: str, index: int, text: str) -> bytes:
+        # The most frequent event, encoded from a template (a third of the cost of a dict).
+        seq = self.seq[0]
+        self.seq[0] += 1
+        return (
+            b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+            b'"sequence_number":%d,"item_id":"%s","output_index":%d,"content_index":0,"delta":'
+            % (seq, item_id.encode(), index)
+            + orjson.dumps(text)
+            + b',"logprobs":[]}\n\n'
+        )
+
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        out = self._start()
+        out = self._start() if not self.started else []
         if chunk.get("usage"):
             self.usage = usage_of(chunk["usage"])
         for c in chunk.get("choices") or []:
@@ -491,16 +503,7 @@ class ResponseEvents:
                     )
                 assert self.open is not None
                 self.open["content"][0]["text"] += text
-                out.append(
-                    self._ev(
-                        "response.output_text.delta",
-                        item_id=self.open["id"],
-                        output_index=len(self.output) - 1,
-                        content_index=0,
-                        delta=text,
-                        logprobs=[],
-                    )
-                )
+                out.append(self._text_delta(self.open["id"], len(self.output) - 1, text))
             for tc in delta.get("tool_calls") or []:
                 out += self._tool(tc)
             if c.get("finish_reason"):
