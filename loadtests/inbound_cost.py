@@ -13,6 +13,9 @@ Run: PYTHONPATH=. python -m loadtests.inbound_cost [--iterations 3000] [--reques
    round with the order rotated, plain and streamed, for /v1/chat/completions, /v1/messages and
    /v1/responses (`store: false`, and `store: true` kept in memory). Reported: p50 / p99 latency
    and the p50 added over chat.
+3. The gateway's CPU time per request, in-process: the app behind its ASGI entry point (no HTTP
+   server or client in the process; the same upstream in its own process), blocks of requests per
+   target interleaved round by round; median of the blocks. The most precise whole-path figure.
 """
 
 from __future__ import annotations
@@ -93,8 +96,8 @@ def responses_body(salt: str = "", stream: bool = False, store: bool = False) ->
     }
 
 
-def chat_body(salt: str = "", stream: bool = False) -> dict[str, Any]:
-    return {
+def chat_body(salt: str = "", stream: bool = False, usage: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "model": "chat",
         "max_tokens": 16,
         "tools": [
@@ -108,6 +111,9 @@ def chat_body(salt: str = "", stream: bool = False) -> dict[str, Any]:
         ],
         "stream": stream,
     }
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    return body
 
 
 COMPLETION = orjson.dumps(
@@ -269,6 +275,8 @@ TARGETS: dict[str, tuple[str, Callable[[str], dict[str, Any]]]] = {
     "responses": ("/v1/responses", lambda s: responses_body(s)),
     "responses store": ("/v1/responses", lambda s: responses_body(s, store=True)),
     "chat stream": ("/v1/chat/completions", lambda s: chat_body(s, True)),
+    # What the translated streams send upstream: usage asked for (message_delta / completed need it).
+    "chat stream + usage": ("/v1/chat/completions", lambda s: chat_body(s, True, True)),
     "messages stream": ("/v1/messages", lambda s: messages_body(s, True)),
     "responses stream": ("/v1/responses", lambda s: responses_body(s, True)),
 }
@@ -304,6 +312,69 @@ async def http_compare(base: str, requests: int, rounds: int) -> dict[str, list[
     return lat
 
 
+async def asgi_cpu(upstream: str, requests: int, rounds: int) -> dict[str, float]:
+    """The gateway's CPU time per request (median over blocks), in this process: the app behind
+    its real ASGI entry point, no HTTP server or client in the process (the upstream is another
+    process), so `time.process_time` is the gateway's own work."""
+    from gateway.app import create_app
+    from gateway.policy.loader import parse_policy
+    from gateway.server import FastRoutes
+    from gateway.state import SharedState
+
+    app = create_app(parse_policy(_policy(upstream)), SharedState(None))
+    entry = FastRoutes(app)
+
+    async def one(name: str) -> None:
+        path, make = TARGETS[name]
+        body = orjson.dumps(make(uuid.uuid4().hex))
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json")],
+            "query_string": b"",
+            "http_version": "1.1",
+            "scheme": "http",
+            "server": ("127.0.0.1", 80),
+            "client": ("127.0.0.1", 1),
+        }
+        received = False
+        status: list[int] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal received
+            if not received:
+                received = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.sleep(3600)  # never disconnects
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        await entry(scope, receive, send)
+        if status != [200]:
+            raise RuntimeError(f"{name}: {status}")
+
+    names = list(TARGETS)
+    blocks: dict[str, list[float]] = {n: [] for n in names}
+    per = max(1, requests // rounds)
+    async with app.router.lifespan_context(app):
+        for n in names:
+            for _ in range(30):
+                await one(n)
+        for r in range(rounds):
+            k = r % len(names)
+            for n in names[k:] + names[:k]:
+                t0 = time.process_time()
+                for _ in range(per):
+                    await one(n)
+                blocks[n].append((time.process_time() - t0) / per)
+    return {n: 1000 * statistics.median(v) for n, v in blocks.items()}
+
+
 def _pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))] * 1000
@@ -314,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iterations", type=int, default=3000, help="per translation function")
     p.add_argument("--requests", type=int, default=300, help="HTTP requests per target")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--cpu-requests", type=int, default=500, help="in-process, per target")
     args = p.parse_args(argv)
     print("## Translation functions (p50 per request, microseconds)\n")
     print("| what | p50 µs |\n|---|---|")
@@ -325,12 +397,26 @@ def main(argv: list[str] | None = None) -> None:
         policy.write_text(_policy(fleet.url("zero")))
         with _gateway(policy, tmp / "gateway.log") as base:
             lat = asyncio.run(http_compare(base, args.requests, args.rounds))
+        os.environ["GATEWAY_ACCESS_LOG"] = "0"
+        cpu = asyncio.run(asgi_cpu(fleet.url("zero"), args.cpu_requests, args.rounds * 2))
     print(f"\n## HTTP, one client, zero-latency upstream ({args.requests} requests per target)\n")
-    print("| target | p50 ms | p99 ms | p50 added vs chat (same mode) ms |\n|---|---|---|---|")
+    print(
+        "| target | p50 ms | p99 ms | p50 added ms | gateway CPU ms/req (in-process) "
+        "| CPU added ms/req |\n|---|---|---|---|---|---|"
+    )
     for name, values in lat.items():
-        ref = "chat stream" if "stream" in name else "chat"
+        ref = "chat" if "stream" not in name else "chat stream + usage"
+        if name.startswith("chat"):
+            ref = "chat stream" if "stream" in name else "chat"
         added = _pct(values, 0.5) - _pct(lat[ref], 0.5)
-        print(f"| {name} | {_pct(values, 0.5):.3f} | {_pct(values, 0.99):.3f} | {added:+.3f} |")
+        print(
+            f"| {name} | {_pct(values, 0.5):.3f} | {_pct(values, 0.99):.3f} | {added:+.3f} "
+            f"| {cpu[name]:.3f} | {cpu[name] - cpu[ref]:+.3f} |"
+        )
+    print(
+        "\n(added: over `chat` for unary rows, over `chat stream + usage` for translated streams,"
+    )
+    print("which ask the provider for usage too; `chat stream + usage` over `chat stream`)")
 
 
 if __name__ == "__main__":

@@ -346,3 +346,15 @@ def test_budget_holds_across_two_gateways(capture_upstream, gateway, shared) -> 
     assert statuses == [200, 200, 200, 200, 429, 429]
     spend = httpx.get(gws[1].url + "/admin/spend", params={"tenant": "team-a"}).json()
     assert spend["total"]["cost_usd"] == pytest.approx(2.0)
+
+
+def test_stream_usage_watch_reads_usage_and_passes_null_usage_chunks() -> None:
+    """A stream that asked for usage: `"usage":null` chunks pass as they are (no parse), the
+    usage chunk is read for limits and spend."""
+    from gateway.governance.service import Principal, Ticket
+
+    t = Ticket(Principal("t", ""))
+    plain = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}],"usage":null}\n\n'
+    assert t.stream_event(plain) is plain
+    final = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+    assert t.stream_event(final) == final and t.usage == (3, 2)

@@ -74,6 +74,8 @@ class Ticket:
             ev = ev.replace(b',"usage":null', b"")
             if b'"usage"' not in ev:
                 return ev
+        elif b'"usage":null' in ev and ev.count(b'"usage"') == 1:
+            return ev  # every chunk of a stream that asked for usage: nothing to read, no parse
         data = event_data(ev)
         if data is None or data == b"[DONE]":
             return ev
