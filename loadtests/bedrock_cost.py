@@ -107,7 +107,7 @@ def main() -> None:
     rows = [
         ("request(): map + JSON + SigV4", lambda: adapter.request("chat", BODY, model, False)),
         ("  of which SigV4 signing (botocore)", lambda: signer.headers("https://h/x", converse)),
-        ("response(): 64-word answer", lambda: adapter.response("chat", answer)),
+        ("response(): 64-word answer", lambda: adapter.response("chat", answer, model)),
         (f"stream: {len(events)} events", whole_stream),
     ]
     print(f"{'what':40} {'p50 us':>9} {'p90 us':>9}")

@@ -439,7 +439,7 @@ def test_adapter_refuses_junk_streams_and_answers(monkeypatch) -> None:
     assert e.value.kind == "rate_limited"
     for junk in (b"not json", b"{}", b'{"output": {"message": {"content": "x"}}}'):
         with pytest.raises(InvalidAnswer):
-            adapter.response("chat", junk)
+            adapter.response("chat", junk, "m")
     with pytest.raises(UpstreamFailure) as e:
         adapter.request(
             "chat", {"messages": [{"role": "user", "content": "x"}], "n": 3}, "m", False

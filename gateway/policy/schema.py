@@ -21,6 +21,7 @@ from gateway.providers.settings import (
     AnthropicSettings,
     AzureSettings,
     BedrockSettings,
+    GeminiSettings,
     ProviderType,
     bedrock_problem,
 )
@@ -80,11 +81,13 @@ class Provider(Strict):
 
     type: ProviderType = Field(
         "openai",
-        description="Wire format: openai (also vLLM, SGLang, llama.cpp, ...), azure, anthropic.",
+        description="Wire format: openai (also vLLM, SGLang, llama.cpp, ...), azure, anthropic, "
+        "bedrock, gemini.",
     )
     azure: AzureSettings | None = Field(None, description="Settings of `type: azure`.")
     bedrock: BedrockSettings | None = Field(None, description="Settings of `type: bedrock`.")
     anthropic: AnthropicSettings | None = Field(None, description="Settings of `type: anthropic`.")
+    gemini: GeminiSettings | None = Field(None, description="Settings of `type: gemini`.")
     base_url: str = Field(pattern=r"^https?://", description="Ends with the API root, e.g. .../v1")
     api_key_env: str | None = Field(
         None, description="Name of the env var holding the provider key."
@@ -155,6 +158,11 @@ class Provider(Strict):
         for section in TYPE_SECTIONS:
             if section != self.type and getattr(self, section) is not None:
                 raise ValueError(f"'{section}:' settings given for a provider of type {self.type}")
+        if self.type == "gemini" and urlsplit(self.base_url).path.rstrip("/"):
+            raise ValueError(
+                "base_url: for type gemini give the API root without a path "
+                "(https://generativelanguage.googleapis.com): the adapter adds /v1beta/models/..."
+            )
         if self.type == "bedrock":
             problem = bedrock_problem(self.base_url, self.bedrock, self.api_key_env)
             if problem:
@@ -382,7 +390,7 @@ class Policy(Strict):
 
 
 # Provider fields holding the settings of one type (named after it).
-TYPE_SECTIONS = ("azure", "anthropic", "bedrock")
+TYPE_SECTIONS = ("azure", "anthropic", "bedrock", "gemini")
 AZURE_DEPLOYMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -63,9 +63,6 @@ class BedrockAdapter(Adapter):
             env.get(settings.access_key_id_env, ""), self._secret, self._token, region
         )
         self._base = config.base_url.rstrip("/")
-        # The model written into answers: a mapping's only target, else left to the gateway.
-        targets = set(config.models.values())
-        self._model = targets.pop() if len(targets) == 1 else ""
         self._max_event = config.limits.max_event_bytes
 
     def secrets(self) -> list[str]:
@@ -120,10 +117,10 @@ class BedrockAdapter(Adapter):
         path = operation_path(model, stream)
         return UpstreamRequest(path, data, self._signer.headers(self._base + path, data))
 
-    def response(self, endpoint: str, body: bytes, model: str | None = None) -> bytes:
+    def response(self, endpoint: str, body: bytes, model: str) -> bytes:
         try:
             answer = orjson.loads(body)
-            return orjson.dumps(converse_to_chat(answer, model or self._model))
+            return orjson.dumps(converse_to_chat(answer, model))
         except (orjson.JSONDecodeError, BadAnswer) as e:
             raise InvalidAnswer(f"not a Converse answer: {e}") from None
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.providers import anthropic, azure, bedrock, openai  # noqa: F401
+from gateway.providers import anthropic, azure, bedrock, gemini, openai  # noqa: F401
 from gateway.providers.base import ADAPTERS, Adapter, make_adapter
 
 __all__ = ["ADAPTERS", "Adapter", "make_adapter"]

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # Every adapter type the gateway knows; each has an entry in gateway.providers' registry.
-ProviderType = Literal["openai", "azure", "anthropic", "bedrock"]
+ProviderType = Literal["openai", "azure", "anthropic", "bedrock", "gemini"]
 
 
 class _Strict(BaseModel):
@@ -167,3 +167,11 @@ def bedrock_region(
     if m:
         return m.group(2)
     return env.get(settings.region_env) or None
+
+
+class GeminiSettings(_Strict):
+    """Google's Gemini API (generateContent / streamGenerateContent)."""
+
+    api_version: Literal["v1beta", "v1"] = Field(
+        "v1beta", description="The path's API version: {base_url}/{api_version}/models/{model}:..."
+    )
