@@ -71,7 +71,8 @@ _EXHAUSTED_MESSAGE = {
     "upstream_auth": "The provider refused the gateway's credentials for this model or does not "
     "serve it. This is a gateway configuration problem, not a problem with your API key.",
     "bad_response": "The provider's answer was not a valid response for this endpoint.",
-    "unsupported": "No provider of this model serves this endpoint.",
+    "unsupported": "No provider of this model can serve this request (its endpoint or one of "
+    "its features, e.g. n > 1 or logprobs, has no counterpart in the provider's API).",
 }
 # An upstream error field kept in the gateway's error: a short token, never free text.
 _TOKEN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -160,6 +161,10 @@ class Dispatcher:
 
     async def _next_attempt(self, retrier: Retrier, attempt: int, f: UpstreamFailure) -> bool:
         """After a failed attempt: may we try again? Sleeps the backoff when yes."""
+        if f.kind == "unsupported":
+            # Nothing was sent (the member's type cannot express the request): the next member
+            # is no retry of a failed call, so no backoff and no retry budget.
+            return attempt < retrier.settings.max_attempts
         if not retrier.should_retry(attempt, failure_kind(f.kind), bytes_sent_to_client=False):
             return False
         delay = retrier.delay_s(attempt)
@@ -510,6 +515,8 @@ class Dispatcher:
             )
         status, code = _EXHAUSTED_STATUS.get(last.kind, (502, "upstream_error"))
         why = _EXHAUSTED_MESSAGE.get(last.kind, "")
+        if last.kind == "unsupported":  # no member's type can express this request
+            return Exhausted(status, why, type="invalid_request_error", code=code)
         err = Exhausted(
             status,
             f"All providers failed for this request (last failure: {last.kind}). {why}".strip(),

@@ -268,3 +268,35 @@ def test_errors_map_to_failure_kinds() -> None:
     assert orjson.loads(f.body)["error"]["code"] == "context_length_exceeded"
     f = a.failure(404, err("not_found_error", "model: claude-nope"), {}, False)
     assert f.kind == "upstream_auth"
+
+
+def test_a_final_assistant_turn_is_a_prefill_without_trailing_whitespace() -> None:
+    p = params(
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "The answer is "},
+            ]
+        }
+    )
+    assert p["messages"][-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "The answer is"}],
+    }
+    p = params(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "  "}]}
+    )
+    assert [m["role"] for m in p["messages"]] == ["user"]
+
+
+def test_bad_stop_is_a_client_error_and_a_huge_stream_is_cut() -> None:
+    with pytest.raises(BadRequest):
+        params({"messages": [{"role": "user", "content": "q"}], "stop": [1]})
+    cfg = CFG.model_copy(
+        update={"limits": CFG.limits.model_copy(update={"max_stream_bytes": 1024})}
+    )
+    tr = AnthropicAdapter(cfg, "k").stream("chat", {}, "m")
+    ping = _sse({"type": "ping"})
+    with pytest.raises(InvalidAnswer):
+        for _ in range(1024 // len(ping) + 2):
+            tr(ping)

@@ -157,6 +157,7 @@ def test_anthropic_plain(fleet: Fleet, client: openai.OpenAI) -> None:
     validate("CreateChatCompletionResponse", r.model_dump(exclude_unset=True))
     assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
     assert r.usage is not None and r.usage.completion_tokens > 0 and r.usage.prompt_tokens > 0
+    assert r.model == "claude"  # the alias (response_model's default), not the provider's id
     sent = wire(fleet, "an").last_request
     assert sent["model"] == "claude-sim-1" and sent["max_tokens"] == 12
     assert sent["system"][0]["text"] == "You are terse."
@@ -198,6 +199,7 @@ def test_anthropic_stream_with_usage(client: openai.OpenAI) -> None:
     for c in chunks:
         validate("CreateChatCompletionStreamResponse", c.model_dump(exclude_unset=True))
     assert chunks[0].choices[0].delta.role == "assistant"
+    assert {c.model for c in chunks} == {"claude"}
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(text.split()) == 10
     finishes = [
@@ -331,6 +333,10 @@ def test_anthropic_errors_map_to_failure_kinds(
     with pytest.raises(openai.BadRequestError) as e4:
         client.embeddings.create(model="claude", input="x")
     assert e4.value.code == "unsupported_endpoint"
+    assert e4.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e6:
+        client.chat.completions.create(model="claude", messages=[USER], n=2)
+    assert e6.value.code == "unsupported_endpoint" and "n > 1" in e6.value.message
     try:
         fleet.set_faults("an", rate_limit=1.0, retry_after_s=7)
         with pytest.raises(openai.APIStatusError) as e5:
@@ -511,3 +517,14 @@ def test_stream_resumes_across_types(fleet: Fleet, client: openai.OpenAI) -> Non
     sent = wire(fleet, "an").last_request
     assert sent["messages"][-1]["role"] == "assistant"  # the partial answer, continued (prefill)
     assert chunks[-1].usage is not None
+
+
+def test_mixed_pool_sends_what_anthropic_cannot_express_to_the_openai_member(
+    fleet: Fleet, client: openai.OpenAI
+) -> None:
+    before = requests_at(fleet, "an", "messages"), requests_at(fleet, "oa")
+    for _ in range(4):  # round robin: some of these pick the anthropic member first
+        r = client.chat.completions.create(model="mixed", messages=[USER], max_tokens=3, n=2)
+        assert r.choices[0].message.content
+    assert requests_at(fleet, "an", "messages") == before[0]  # never sent there
+    assert requests_at(fleet, "oa") - before[1] == 4

@@ -121,7 +121,10 @@ class AnthropicAdapter(Adapter):
             out["system"] = system
         stop = body.get("stop")
         if stop:
-            out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+            stops = [stop] if isinstance(stop, str) else stop
+            if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
+                raise BadRequest("'stop' must be a string or an array of strings.", "stop")
+            out["stop_sequences"] = stops
         tools = body.get("tools")
         if tools:
             out["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
@@ -185,7 +188,10 @@ class AnthropicAdapter(Adapter):
         return orjson.dumps(completion)
 
     def stream(self, endpoint: str, body: dict[str, Any], model: str) -> _StreamTranslator:
-        return _StreamTranslator(wants_usage(body), model, self.config.limits.max_event_bytes)
+        limits = self.config.limits
+        return _StreamTranslator(
+            wants_usage(body), model, limits.max_event_bytes, limits.max_stream_bytes
+        )
 
     # -- errors -----------------------------------------------------------------------------
 
@@ -242,6 +248,16 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
             _append(out, "user", [result])
         else:
             raise _unsupported(f"messages with role '{role}'")
+    last = out[-1] if out else None
+    if last is not None and last["role"] == "assistant" and last["content"][-1]["type"] == "text":
+        # A final assistant turn is a prefill (a resumed stream's partial answer): the API refuses
+        # one ending in whitespace.
+        block = last["content"][-1]
+        block["text"] = block["text"].rstrip()
+        if not block["text"]:
+            last["content"].pop()
+            if not last["content"]:
+                out.pop()
     return system, out
 
 
@@ -457,10 +473,23 @@ def _error_of(body: bytes) -> tuple[str, str] | None:
 class _StreamTranslator:
     """Anthropic stream events -> OpenAI chunks, one stream's worth of state."""
 
-    __slots__ = ("_created", "_input", "_model", "_output", "_splitter", "_tools", "_usage", "_w")
+    __slots__ = (
+        "_created",
+        "_input",
+        "_left",
+        "_model",
+        "_output",
+        "_splitter",
+        "_tools",
+        "_usage",
+        "_w",
+    )
 
-    def __init__(self, include_usage: bool, model: str, max_event: int) -> None:
+    def __init__(self, include_usage: bool, model: str, max_event: int, max_stream: int) -> None:
         self._splitter = SSESplitter(max_event)
+        # Raw bytes still allowed: events dropped here (pings, thinking) count against the bound
+        # that the relay applies to what it forwards.
+        self._left = max_stream
         self._usage = include_usage
         self._model = model
         self._created = int(time.time())
@@ -470,6 +499,9 @@ class _StreamTranslator:
         self._output = 0
 
     def __call__(self, raw: bytes) -> bytes:
+        self._left -= len(raw)
+        if self._left < 0:
+            raise InvalidAnswer("the stream is larger than its limit")
         out: list[bytes] = []
         for ev in self._splitter.feed(raw):
             data = event_data(ev)

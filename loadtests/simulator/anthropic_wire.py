@@ -159,6 +159,12 @@ def _check_rules(body: dict[str, Any]) -> None:
                     "blocks; each tool_result must answer a tool_use of the previous turn",
                 )
         previous_tools = uses if m["role"] == "assistant" else set()
+    last = messages[-1]
+    if last["role"] == "assistant":
+        content = last["content"]
+        tail = content if isinstance(content, str) else (content[-1].get("text") or "x")
+        if tail != tail.rstrip():
+            raise WireError(400, "final assistant content cannot end with trailing whitespace")
     if breakpoints > 4:
         raise WireError(400, "A maximum of 4 blocks with cache_control may be provided")
 
