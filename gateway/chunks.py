@@ -48,8 +48,17 @@ class StreamAssembler:
     def _feed_choice(self, c: dict[str, Any]) -> None:
         slot = self.choices.setdefault(
             c.get("index", 0),
-            {"role": "assistant", "content": [], "finish_reason": None, "tool_calls": {}},
+            {
+                "role": "assistant",
+                "content": [],
+                "finish_reason": None,
+                "tool_calls": {},
+                "logprobs": [],
+            },
         )
+        lp = c.get("logprobs")
+        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            slot["logprobs"].extend(lp["content"])  # kept, so a replayed answer still has them
         delta = c.get("delta") or {}
         if delta.get("role"):
             slot["role"] = delta["role"]
@@ -93,8 +102,9 @@ class StreamAssembler:
                 msg["tool_calls"] = [s["tool_calls"][k] for k in sorted(s["tool_calls"])]
             else:
                 msg["content"] = msg["content"] or ""
+            lp = {"content": s["logprobs"], "refusal": None} if s["logprobs"] else None
             choices.append(
-                {"index": i, "message": msg, "finish_reason": s["finish_reason"], "logprobs": None}
+                {"index": i, "message": msg, "finish_reason": s["finish_reason"], "logprobs": lp}
             )
         out: dict[str, Any] = {
             "id": self.meta.get("id") or "chatcmpl-gateway",
@@ -138,13 +148,10 @@ def completion_to_events(completion: dict[str, Any], include_usage: bool) -> lis
         if msg.get("tool_calls"):
             delta["tool_calls"] = [{"index": k, **tc} for k, tc in enumerate(msg["tool_calls"])]
         if delta:
-            events.append(
-                encode_event(
-                    orjson.dumps(
-                        {**base, "choices": [{"index": i, "delta": delta, "finish_reason": None}]}
-                    )
-                )
-            )
+            choice: dict[str, Any] = {"index": i, "delta": delta, "finish_reason": None}
+            if ch.get("logprobs"):
+                choice["logprobs"] = ch["logprobs"]
+            events.append(encode_event(orjson.dumps({**base, "choices": [choice]})))
         events.append(
             encode_event(
                 orjson.dumps(
