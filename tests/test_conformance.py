@@ -120,8 +120,23 @@ def raw_stream(http: httpx.Client, path: str = "/chat/completions", **kw: Any) -
     for c in chunks:
         if path == "/chat/completions":
             validate("CreateChatCompletionStreamResponse", c)
+        else:
+            completion_chunk(c)
         assert c["model"] == "demo"
     return chunks
+
+
+def completion_chunk(chunk: dict[str, Any]) -> None:
+    """Legacy completion chunks have the body's schema, with `finish_reason: null` until the end
+    (as OpenAI streams them; the published schema has no separate chunk type)."""
+    if chunk["choices"]:
+        chunk = {
+            **chunk,
+            "choices": [
+                {**c, "finish_reason": c["finish_reason"] or "stop"} for c in chunk["choices"]
+            ],
+        }
+    validate("CreateCompletionResponse", chunk)
 
 
 def test_chat(client: openai.OpenAI) -> None:
@@ -211,6 +226,11 @@ def test_structured_output_parse(client: openai.OpenAI) -> None:
     person = r.choices[0].message.parsed
     assert isinstance(person, Person) and isinstance(person.address, Address)
     assert r.model == "demo"
+    with client.chat.completions.stream(
+        model="demo", messages=MSG, response_format=Person
+    ) as stream:
+        final = stream.get_final_completion()
+    assert isinstance(final.choices[0].message.parsed, Person)
     doc = raw_chat(client, messages=MSG, response_format={"type": "json_object"})
     assert isinstance(json.loads(doc["choices"][0]["message"]["content"]), dict)
 
@@ -312,6 +332,10 @@ def test_legacy_completions(client: openai.OpenAI, http: httpx.Client) -> None:
         "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
         == doc["choices"][0]["text"]
     )
+    echoed = client.completions.create(model="demo", prompt="Say", max_tokens=5, echo=True)
+    assert echoed.choices[0].text == "Say" + doc["choices"][0]["text"]
+    both = client.completions.create(model="demo", prompt="Say", max_tokens=3, n=2, logprobs=1)
+    assert [c.index for c in both.choices] == [0, 1] and both.choices[0].logprobs is not None
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="demo", prompt="x", logprobs=9)
     assert e.value.response.json()["error"]["param"] == "logprobs"

@@ -228,6 +228,15 @@ def test_legacy_completions_n_logprobs_stop(fleet: Fleet, http: httpx.Client) ->
     lp = doc["choices"][0]["logprobs"]
     assert "".join(lp["tokens"]) == doc["choices"][0]["text"]
     assert all(len(t) == 2 for t in lp["top_logprobs"]) and lp["text_offset"][0] == 0
+    echoed = http.post(url, json={**body, "n": 1, "echo": True}).json()
+    validate("CreateCompletionResponse", echoed)
+    text = echoed["choices"][0]["text"]
+    assert text.startswith("hi") and text[2:] == doc["choices"][0]["text"]
+    assert echoed["choices"][0]["logprobs"]["text_offset"][0] == 2
+    assert echoed["usage"] == doc["usage"] | {"completion_tokens": 3, "total_tokens": 4}
+    with http.stream("POST", url, json={**body, "n": 1, "echo": True, "stream": True}) as r:
+        lines = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in lines) == text
 
 
 def test_fast_path_untouched_without_options(fleet: Fleet, http: httpx.Client) -> None:

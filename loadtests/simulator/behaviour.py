@@ -25,7 +25,7 @@ from .schema_values import value_for
 from .text import VOCAB, content_text, word_ids
 
 # Request fields that need a plan (any other field keeps the fast path).
-PLAN_FIELDS = ("n", "response_format", "tools", "logprobs", "stop", "top_logprobs")
+PLAN_FIELDS = ("n", "response_format", "tools", "logprobs", "stop", "top_logprobs", "echo")
 _PIECE = re.compile(r"\s?\w+|\s?[^\w\s]+|\s+")
 _NAME_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 # Words of a tool's name too generic to mean the user asked for that tool.
@@ -69,10 +69,11 @@ class Choice:
     finish: str
     tool: dict[str, Any] | None = None  # {"id","type","function":{"name","arguments"}}
     logprobs: list[tuple[float, list[tuple[str, float]]]] | None = None  # per piece
+    echo: str = ""  # legacy completions with `echo`: the prompt, before the generated text
 
     @property
     def text(self) -> str:
-        return "".join(self.pieces)
+        return self.echo + "".join(self.pieces)
 
 
 @dataclass(slots=True)
@@ -330,8 +331,9 @@ def chat_plan(
     return Plan(choices, top, logprobs)
 
 
-def completion_plan(body: dict[str, Any], seed: int, text_choice: Any) -> Plan:
+def completion_plan(body: dict[str, Any], seed: int, text_choice: Any, prompt: str) -> Plan:
     n = body.get("n") or 1
+    echo = prompt if body.get("echo") is True else ""
     top = body.get("logprobs")
     top = top if isinstance(top, int) and not isinstance(top, bool) else None
     choices = []
@@ -341,7 +343,7 @@ def completion_plan(body: dict[str, Any], seed: int, text_choice: Any) -> Plan:
         cut = apply_stop(pieces, body.get("stop"))
         if cut is not None:
             pieces, finish = cut, "stop"
-        choice = Choice(i, pieces, finish)
+        choice = Choice(i, pieces, finish, echo=echo)
         if top is not None:
             choice.logprobs = logprobs_for(pieces, s, top)
         choices.append(choice)

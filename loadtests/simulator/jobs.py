@@ -166,7 +166,7 @@ def completion_job(body: dict[str, Any], profile: Profile) -> Job:
             n, finish = _length(limit, s, 0, profile)
             return natural_words(s, 0, n, True), finish
 
-        job.plan = completion_plan(body, seed, words)
+        job.plan = completion_plan(body, seed, words, text)
         job.n_out = max(1, job.plan.longest)
     return job
 

@@ -183,13 +183,21 @@ class CompletionFormat(ChatFormat):
         return orjson.dumps({**self.base, "choices": [choice], "usage": usage_})
 
     def plan_start(self, plan: Plan) -> bytes:
-        return b""
+        """The echoed prompt of each choice (legacy `echo`), else nothing."""
+        return b"".join(
+            self.chunk(
+                [{"index": c.index, "text": c.echo, "logprobs": None, "finish_reason": None}]
+            )
+            for c in plan.choices
+            if c.echo
+        )
 
     def _piece(self, c: Choice, j: int, plan: Plan) -> dict[str, Any]:
         p = c.pieces[j]
         lp = None
         if c.logprobs is not None:
-            lp = completion_logprobs(c.logprobs[j : j + 1], [p], len("".join(c.pieces[:j])))
+            offset = len(c.echo) + len("".join(c.pieces[:j]))
+            lp = completion_logprobs(c.logprobs[j : j + 1], [p], offset)
         return {"index": c.index, "text": p, "logprobs": lp, "finish_reason": None}
 
     def _finish(self, c: Choice) -> dict[str, Any]:
@@ -198,7 +206,9 @@ class CompletionFormat(ChatFormat):
     def plan_body(self, plan: Plan, usage_: dict[str, Any]) -> bytes:
         choices = []
         for c in plan.choices:
-            lp = completion_logprobs(c.logprobs, c.pieces, 0) if c.logprobs is not None else None
+            lp = None
+            if c.logprobs is not None:
+                lp = completion_logprobs(c.logprobs, c.pieces, len(c.echo))
             choices.append(
                 {"index": c.index, "text": c.text, "logprobs": lp, "finish_reason": c.finish}
             )
