@@ -6,7 +6,9 @@ over a pool, one per retry) only to come back as the provider's 400. These check
 `messages[0].role`, `tools[1].function.name`, `response_format.json_schema`) as the OpenAI API.
 
 Only the fields listed here are checked; every other field passes through untouched (providers
-have their own extensions). Cost: one dict lookup per body field, plus a short loop per message
+have their own extensions), and so do tool and response-format types that other providers
+define (Groq's `browser_search` tool, TGI's `json` and vLLM's `structural_tag` formats): only the
+OpenAI types' shapes are checked. Cost: one dict lookup per body field, plus a short loop per message
 and per tool; the fields' values are not copied.
 """
 
@@ -232,8 +234,10 @@ def _tools(v: Any, p: str) -> None:
         kind = tool.get("type")
         if kind is None:
             raise missing(f"{tp}.type")
+        if not isinstance(kind, str):
+            raise invalid_type(f"{tp}.type", "a string", kind)
         if kind not in TOOL_TYPES:
-            raise invalid_value(f"{tp}.type", kind, TOOL_TYPES)
+            continue  # a provider's own tool type (Groq's `browser_search`...): its to judge
         body = tool.get(kind)
         if body is None:
             raise missing(f"{tp}.{kind}")
@@ -271,8 +275,8 @@ def _tool_choice(v: Any, p: str) -> None:
             raise missing(f"{p}.{kind}.name")
         if not isinstance(name, str):
             raise invalid_type(f"{p}.{kind}.name", "a string", name)
-    elif kind != "allowed_tools":
-        raise invalid_value(f"{p}.type", kind, ("function", "custom", "allowed_tools"))
+    elif not isinstance(kind, str):
+        raise invalid_type(f"{p}.type", "a string", kind)
 
 
 def _tool_pairing(body: dict[str, Any]) -> None:
@@ -300,9 +304,6 @@ def _tool_pairing(body: dict[str, Any]) -> None:
 
 # -- response_format --------------------------------------------------------------------------
 
-FORMAT_TYPES = ("text", "json_object", "json_schema")
-
-
 def _response_format(v: Any, p: str) -> None:
     if v is None:
         return
@@ -311,8 +312,9 @@ def _response_format(v: Any, p: str) -> None:
     kind = v.get("type")
     if kind is None:
         raise missing(f"{p}.type")
-    if kind not in FORMAT_TYPES:
-        raise invalid_value(f"{p}.type", kind, FORMAT_TYPES)
+    if not isinstance(kind, str):
+        raise invalid_type(f"{p}.type", "a string", kind)
+    # Other providers' formats (TGI's `json` / `regex`, vLLM's `structural_tag`) pass through.
     if kind != "json_schema":
         return
     js = v.get("json_schema")

@@ -56,7 +56,7 @@ def chat(**fields: Any) -> dict[str, Any]:
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "integer_above_max_value"),
         ({"top_logprobs": 3}, "logprobs", "invalid_value"),
         ({"tools": {}}, "tools", "invalid_type"),
-        ({"tools": [{"type": "web", "function": {}}]}, "tools[0].type", "invalid_value"),
+        ({"tools": [{"type": 5, "function": {}}]}, "tools[0].type", "invalid_type"),
         ({"tools": [{"type": "function"}]}, "tools[0].function", "missing_required_parameter"),
         (
             {"tools": [TOOL, {"type": "function", "function": {"name": "bad name"}}]},
@@ -82,7 +82,8 @@ def chat(**fields: Any) -> dict[str, Any]:
             None,
         ),
         ({"response_format": "json"}, "response_format", "invalid_type"),
-        ({"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
+        ({"response_format": {"type": 1}}, "response_format.type", "invalid_type"),
+        ({"response_format": {}}, "response_format.type", "missing_required_parameter"),
         (
             {"response_format": {"type": "json_schema"}},
             "response_format.json_schema",
@@ -180,10 +181,18 @@ def test_valid_bodies_pass_untouched() -> None:
             {"role": "function", "name": "f", "content": None},
         ],
         vendor_extension={"anything": [1, "x"]},
+        parallel_tool_calls=False,
         temperature_unit="ignored",
     )
     acc = accept(orjson.dumps(body), "chat")
     assert acc.body == body
+    # Provider-defined tool and format types are the provider's to judge.
+    for extra in (
+        {"tools": [{"type": "browser_search"}]},
+        {"response_format": {"type": "json", "value": {"type": "object"}}},
+        {"response_format": {"type": "structural_tag", "structures": []}},
+    ):
+        accept(orjson.dumps(chat(**extra)), "chat")
     # Nulls mean "not set" for every checked field.
     nulls = {k: None for k in ("temperature", "top_p", "seed", "stop", "tools", "tool_choice")}
     accept(orjson.dumps(chat(**nulls, response_format=None, stream_options=None)), "chat")
