@@ -110,6 +110,7 @@ def test_plain_chat(client, sim) -> None:
     resp = raw.parse()
     assert raw.headers["x-gateway-provider"] == "br"
     assert resp.choices[0].message.content and resp.choices[0].finish_reason == "length"
+    assert resp.model == "chat"
     assert resp.usage.completion_tokens == 8
     sent = sim.stats.last_body
     assert sent["system"] == [{"text": "You are terse."}]
@@ -127,6 +128,7 @@ def test_streaming_matches_unary(client, gw) -> None:
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     chunks = validate_sse(r.content)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert {c["model"] for c in chunks} == {"chat"}  # the alias, as for any provider type
     streamed = client.chat.completions.create(**body, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == unary

@@ -330,3 +330,51 @@ def test_gateway_errors_and_mixed_pool(sim, fleet) -> None:
         finally:
             sim.clear_faults()
         assert httpx.get(g.url + "/admin/breakers").json()["gm"]["state"] != "closed"
+
+
+def test_streamed_tool_calls_and_messages_api(gw) -> None:
+    import anthropic
+
+    client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "Weather in Rome?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        stream=True,
+    )
+    args, finish = "", None
+    for c in stream:
+        if c.choices:
+            for tc in c.choices[0].delta.tool_calls or []:
+                args += tc.function.arguments or ""
+            finish = c.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    jsonschema.validate(orjson.loads(args), WEATHER["function"]["parameters"])
+    claude = anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+    msg = claude.messages.create(
+        model="chat", max_tokens=5, messages=[{"role": "user", "content": "Hello"}]
+    )
+    assert msg.content[0].text and msg.usage.output_tokens == 5
+
+
+def test_stream_with_two_candidates() -> None:
+    st = GeminiStream("g", candidates=2)
+    out = b""
+    for index, word in ((0, "a"), (1, "b")):
+        chunk = {
+            "candidates": [
+                {
+                    "content": {"role": "model", "parts": [{"text": word}]},
+                    "index": index,
+                    "finishReason": "STOP",
+                }
+            ]
+        }
+        out += st.feed(b"data: " + orjson.dumps(chunk) + b"\r\n\r\n")
+    chunks = validate_sse(out)
+    by_index: dict[int, str] = {}
+    for c in chunks:
+        ch = c["choices"][0]
+        by_index[ch["index"]] = by_index.get(ch["index"], "") + (ch["delta"].get("content") or "")
+    assert by_index == {0: "a", 1: "b"} and st.done
