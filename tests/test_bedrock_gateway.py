@@ -450,3 +450,42 @@ def test_prompt_cache_point_reports_cached_tokens(sim) -> None:
     assert asks[0].usage.prompt_tokens_details.cached_tokens == 0
     cached = asks[1].usage.prompt_tokens_details.cached_tokens
     assert cached > 0 and asks[1].usage.prompt_tokens == asks[0].usage.prompt_tokens
+
+
+def test_a_broken_bedrock_stream_is_resumed_on_another_member(sim) -> None:
+    """Stream resume works for bedrock members too: the partial answer goes to the next member
+    as a trailing assistant turn (Converse continues it) and the client sees one stream."""
+    with run_bedrock(CREDS, models=(MODEL,)) as other:
+        text = f"""
+providers:
+  br1: {bedrock_provider(sim.url)}
+  br2: {bedrock_provider(other.url)}
+pools:
+  main: {{members: [br1, br2], balancer: {{strategy: round_robin}}}}
+models:
+  chat: {{pool: main, resume: true}}
+"""
+        body = {"model": "chat", "messages": [{"role": "user", "content": "Tell a story"}]}
+        with GatewayServer(text) as g:
+            client = openai.OpenAI(base_url=g.base_url, api_key="unused", max_retries=0)
+            whole = client.chat.completions.create(**body, max_tokens=12).choices[0].message.content
+            sim.sim.stream_cut_after = 6  # br1: messageStart + 5 words, then the connection drops
+            try:
+                resumed = []
+                for _ in range(2):  # round robin: one of the two starts on br1
+                    r = httpx.post(
+                        g.base_url + "/chat/completions",
+                        json={**body, "max_tokens": 12, "stream": True},
+                        timeout=10,
+                    )
+                    chunks = validate_sse(r.content)
+                    got = "".join(
+                        c["choices"][0]["delta"].get("content") or ""
+                        for c in chunks
+                        if c["choices"]
+                    )
+                    assert got == whole
+                    resumed.append(chunks[-1].get("gateway_resumed"))
+            finally:
+                sim.clear_faults()
+            assert {"from": "br1", "on": "br2"} in resumed, resumed

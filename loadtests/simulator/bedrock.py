@@ -411,6 +411,7 @@ class BedrockSimulator:
         self.stats = BedrockStats()
         self.fault: tuple[int, str, str] | None = None  # status, exception, message
         self.stream_exception: tuple[int, str] | None = None  # after N events, exception name
+        self.stream_cut_after: int | None = None  # close the connection after N events
         self._cached_prefixes: set[str] = set()
         self.app = web.Application(client_max_size=20 * 1024 * 1024)
         self.app.router.add_post("/model/{model_id}/{operation}", self._handle)
@@ -421,6 +422,7 @@ class BedrockSimulator:
     def clear_faults(self) -> None:
         self.fault = None
         self.stream_exception = None
+        self.stream_cut_after = None
 
     def _error(self, e: ApiError) -> web.Response:
         self.stats.count(e.status)
@@ -486,6 +488,13 @@ class BedrockSimulator:
     def _answer(self, body: dict[str, Any]) -> Answer:
         prefix, prompt = _prompt_text(body)
         prompt_tokens = count_tokens(prompt)
+        # A trailing assistant turn is continued (a stream resumed elsewhere): the answer to the
+        # conversation without it is a fixed word sequence, emitted after the words present.
+        tail = body["messages"][-1]
+        already = 0
+        if tail["role"] == "assistant" and all("text" in b for b in tail["content"]):
+            already = len("".join(b["text"] for b in tail["content"]).split())
+            prompt = _prompt_text({**body, "messages": body["messages"][:-1]})[1]
         if prompt_tokens > self.context_window:
             raise ApiError(400, "ValidationException", "Input is too long for requested model.")
         cached = 0
@@ -522,9 +531,9 @@ class BedrockSimulator:
             text = orjson.dumps(value_for(schema, seed)).decode()
             blocks, stop, out_tokens = [{"text": text}], "end_turn", count_tokens(text)
         else:
-            n = min(max_tokens, self.default_max_tokens)
-            text = join_words(word_ids(seed, 0, n), True)
-            stop = "max_tokens" if max_tokens < self.default_max_tokens else "end_turn"
+            n = max(0, min(max_tokens, self.default_max_tokens - already))
+            text = join_words(word_ids(seed, already, n), not already)
+            stop = "max_tokens" if already + n < self.default_max_tokens else "end_turn"
             for s in inference.get("stopSequences") or []:
                 cut = text.find(s)
                 if cut >= 0:
@@ -574,6 +583,10 @@ class BedrockSimulator:
         await resp.prepare(request)
         fail = self.stream_exception
         for i, message in enumerate(self._events(answer)):
+            if self.stream_cut_after is not None and i >= self.stream_cut_after:
+                if request.transport is not None:
+                    request.transport.close()  # cut mid-stream, no end of the chunked body
+                return resp
             if fail is not None and i >= fail[0]:
                 await resp.write(exception_message(fail[1], "simulated stream exception"))
                 break
