@@ -206,7 +206,7 @@ def test_anthropic_stream_with_usage(client: openai.OpenAI) -> None:
         c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
     ]
     assert finishes == ["length"]
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0  # type: ignore[union-attr]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10  # type: ignore[union-attr]
     assert len({c.id for c in chunks}) == 1
 
 
@@ -528,3 +528,45 @@ def test_mixed_pool_sends_what_anthropic_cannot_express_to_the_openai_member(
         assert r.choices[0].message.content
     assert requests_at(fleet, "an", "messages") == before[0]  # never sent there
     assert requests_at(fleet, "oa") - before[1] == 4
+
+
+def test_messages_and_responses_apis_answered_by_an_anthropic_member(
+    fleet: Fleet, gw: GatewayServer
+) -> None:
+    """The inbound Anthropic Messages and OpenAI Responses APIs, translated onto chat, reach an
+    anthropic member through its adapter (and the simulator's checks) like any other request."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=gw.url, api_key="unused", max_retries=0)
+    msg = claude.messages.create(
+        model="claude",
+        max_tokens=6,
+        system="Be brief.",
+        messages=[{"role": "user", "content": "Hi"}],
+    )
+    assert msg.content[0].type == "text" and msg.content[0].text
+    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens > 0
+    assert wire(fleet, "an").last_request["system"][0]["text"] == "Be brief."
+    with claude.messages.stream(
+        model="claude", max_tokens=6, messages=[{"role": "user", "content": "Hello"}]
+    ) as stream:
+        assert "".join(stream.text_stream)
+    tool = {
+        "name": "get_weather",
+        "description": "Weather of a city",
+        "input_schema": WEATHER["function"]["parameters"],
+    }
+    forced = claude.messages.create(
+        model="claude",
+        max_tokens=50,
+        messages=[{"role": "user", "content": "Weather in Rome?"}],
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    use = next(b for b in forced.content if b.type == "tool_use")
+    assert use.input == {"city": "sim", "days": 1}
+    client = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0)
+    resp = client.responses.create(model="claude", input="Hello", max_output_tokens=16)
+    assert resp.output_text
+    events = [e.type for e in client.responses.create(model="claude", input="Hi", stream=True)]
+    assert events[0] == "response.created" and events[-1] == "response.completed"

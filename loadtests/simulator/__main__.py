@@ -40,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--speed", type=float, default=1.0, help="0.5 = twice as slow")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     s.add_argument(
+        "--wire",
+        choices=["openai", "azure", "anthropic"],
+        default="openai",
+        help="the API spoken: OpenAI, Azure OpenAI URLs and api-key, or Anthropic Messages "
+        "(requests checked against the provider's published shapes)",
+    )
+    s.add_argument(
         "--set",
         action="append",
         default=[],
@@ -79,6 +86,7 @@ def _fleet_from_args(args: argparse.Namespace) -> FleetServer:
             port=args.port,
             speed=args.speed,
             api_key=args.api_key,
+            wire=args.wire,
             overrides=_overrides(args.set),
         )
         return FleetServer([spec], args.profiles_file, admin_port=args.admin_port)

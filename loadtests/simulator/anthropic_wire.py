@@ -280,7 +280,13 @@ class AnthropicWire:
                 400, f"prompt is too long: {prompt_tokens} tokens > {p.context_window} maximum"
             )
         blocks, stop = self._content(body, usage)
-        out_tokens = sum(count_tokens(orjson.dumps(b).decode()) for b in blocks)
+        # One word per token, as the OpenAI instance counts (so output_tokens <= max_tokens).
+        out_tokens = sum(
+            len(b["text"].split())
+            if b["type"] == "text"
+            else count_tokens(orjson.dumps(b).decode())
+            for b in blocks
+        )
         self.ids += 1
         msg = {
             "id": f"msg_sim{self.ids:06d}",
