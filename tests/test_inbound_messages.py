@@ -341,3 +341,32 @@ def test_cached_answer_replayed_as_messages_stream(gw: GatewayServer) -> None:
         assert stream.response.headers["x-gateway-cache"] == "hit-exact"
     assert final.content[0].text == first.parse().content[0].text
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 6
+
+
+def test_stream_broken_midway_ends_with_an_error_event(
+    gw: GatewayServer, fleet2: Fleet, client: anthropic.Anthropic
+) -> None:
+    body = {
+        "model": "down",
+        "max_tokens": 30,
+        "stream": True,
+        "messages": [{"role": "user", "content": "A long story"}],
+    }
+    fleet2.set_faults("c", cut_stream_after_chunks=4)
+    try:
+        r = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": "key-a"})
+        with pytest.raises(anthropic.APIStatusError) as e:
+            with client.messages.stream(**{k: v for k, v in body.items() if k != "stream"}) as s:
+                for _ in s:
+                    pass
+    finally:
+        fleet2.set_faults("c")
+    blocks = [b for b in r.text.split("\n\n") if b.strip()]
+    assert blocks[0].startswith("event: message_start")
+    assert any(b.startswith("event: content_block_delta") for b in blocks)
+    last = blocks[-1]
+    assert last.startswith("event: error\ndata: ")
+    err = json.loads(last.split("\n", 1)[1][6:])
+    assert err["type"] == "error" and err["error"]["type"] == "api_error"
+    assert not any(b.startswith("event: message_stop") for b in blocks)
+    assert e.value.body["type"] == "error"

@@ -399,3 +399,18 @@ def test_in_memory_store_without_redis(fleet1: Fleet, gateway) -> None:
 
 def test_models_list_keeps_aliases(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == ["chat"]
+
+
+def test_stream_broken_midway_ends_failed(gw: GatewayServer, fleet1: Fleet) -> None:
+    fleet1.set_faults("a", cut_stream_after_chunks=4)
+    try:
+        r = _post(gw, {"model": "chat", "input": "A long story", "stream": True})
+    finally:
+        fleet1.set_faults("a")
+    events = events_of(r.text)  # every event valid, the failure ones included
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-2:] == ["error", "response.failed"]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert "response.completed" not in kinds
