@@ -355,10 +355,10 @@ def test_stream_broken_midway_ends_with_an_error_event(
     fleet2.set_faults("c", cut_stream_after_chunks=4)
     try:
         r = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": "key-a"})
-        with pytest.raises(anthropic.APIStatusError) as e:
-            with client.messages.stream(**{k: v for k, v in body.items() if k != "stream"}) as s:
-                for _ in s:
-                    pass
+        args = {k: v for k, v in body.items() if k != "stream"}
+        with pytest.raises(anthropic.APIStatusError) as e, client.messages.stream(**args) as s:
+            for _ in s:
+                pass
     finally:
         fleet2.set_faults("c")
     blocks = [b for b in r.text.split("\n\n") if b.strip()]
