@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -350,7 +350,7 @@ async def asgi_cpu(upstream: str, requests: int, rounds: int) -> dict[str, float
             await asyncio.sleep(3600)  # never disconnects
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status.append(message["status"])
 

@@ -28,7 +28,8 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def fleet2() -> Iterator[Fleet]:
-    with run_fleet([{"name": "a", "profile": "fast"}, {"name": "c", "profile": "fast"}]) as f:
+    members = [{"name": n, "profile": "fast"} for n in ("a", "c", "d")]
+    with run_fleet(members) as f:
         yield f
 
 
@@ -41,12 +42,15 @@ governance:
 providers:
   a: {{base_url: '{fleet.url("a")}', models: {{'*': sim-a}}, simulated: true}}
   c: {{base_url: '{fleet.url("c")}', models: {{'*': sim-c}}, simulated: true}}
+  d: {{base_url: '{fleet.url("d")}', models: {{'*': sim-d}}, simulated: true}}
 pools:
   main: {{members: [a]}}
   broken: {{members: [c]}}
+  cut: {{members: [d]}}
 models:
   chat: {{pool: main}}
   down: {{pool: broken}}
+  cut: {{pool: cut}}
 """
 
 
@@ -347,12 +351,12 @@ def test_stream_broken_midway_ends_with_an_error_event(
     gw: GatewayServer, fleet2: Fleet, client: anthropic.Anthropic
 ) -> None:
     body = {
-        "model": "down",
+        "model": "cut",
         "max_tokens": 30,
         "stream": True,
         "messages": [{"role": "user", "content": "A long story"}],
     }
-    fleet2.set_faults("c", cut_stream_after_chunks=4)
+    fleet2.set_faults("d", cut_stream_after_chunks=4)
     try:
         r = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": "key-a"})
         args = {k: v for k, v in body.items() if k != "stream"}
@@ -360,7 +364,7 @@ def test_stream_broken_midway_ends_with_an_error_event(
             for _ in s:
                 pass
     finally:
-        fleet2.set_faults("c")
+        fleet2.set_faults("d")
     blocks = [b for b in r.text.split("\n\n") if b.strip()]
     assert blocks[0].startswith("event: message_start")
     assert any(b.startswith("event: content_block_delta") for b in blocks)

@@ -10,7 +10,7 @@ the relay keeps settling attempts, resuming and recording exactly as for a chat 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Protocol
 
 import orjson
@@ -111,13 +111,15 @@ async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
     return b"".join(out)
 
 
-async def _wrap(inner: AsyncIterator[bytes], tr: StreamTranslator) -> AsyncIterator[bytes]:
+async def _wrap(inner: AsyncIterable[Any], tr: StreamTranslator) -> AsyncIterator[bytes]:
     splitter = SSESplitter()
     try:
         tail: list[bytes] = []
         try:
             finished = False
             async for piece in inner:
+                if not isinstance(piece, bytes):
+                    piece = piece.encode() if isinstance(piece, str) else bytes(piece)
                 out: list[bytes] = []
                 if translate_events(splitter.feed(piece), tr, out) and not finished:
                     # The closing events leave with the last chunk: one write, not two.

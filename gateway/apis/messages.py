@@ -427,7 +427,7 @@ class MessageStream:
         if self.started:
             return []
         self.started = True
-        message = {
+        message: dict[str, Any] = {
             "id": new_message_id(),
             "type": "message",
             "role": "assistant",
@@ -498,7 +498,7 @@ class MessageStream:
         idx = tc.get("index", 0)
         fn = tc.get("function") or {}
         if idx not in self.tools:
-            block = {
+            block: dict[str, Any] = {
                 "type": "tool_use",
                 "id": tc.get("id") or "toolu_" + os.urandom(12).hex(),
                 "name": fn.get("name") or "",
@@ -516,9 +516,8 @@ class MessageStream:
 
     def error(self, error: dict[str, Any]) -> list[bytes]:
         self.ended = True
-        message = (
-            error.get("message") if isinstance(error.get("message"), str) else "Stream failed."
-        )
+        text = error.get("message")
+        message = text if isinstance(text, str) else "Stream failed."
         _, body = anthropic_error(500 if error.get("type") != "rate_limit" else 429, message)
         return [b"event: error\ndata: " + body + b"\n\n"]
 

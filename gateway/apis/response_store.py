@@ -59,10 +59,11 @@ def valid_response_id(value: Any) -> bool:
 
 class ResponseStore:
     def __init__(
-        self, state: SharedState, settings: Callable[[], StoredResponses] = StoredResponses
+        self, state: SharedState, settings: Callable[[], StoredResponses] | None = None
     ) -> None:
         self.state = state
-        self._settings = settings  # read per call: follows policy reloads
+        default = StoredResponses.model_validate({})
+        self._settings = settings or (lambda: default)  # read per call: follows policy reloads
         self._local: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._local_bytes = 0
 
@@ -90,7 +91,7 @@ class ResponseStore:
         if not valid_response_id(response_id):
             return None
         key = self._key(tenant, response_id)
-        data: bytes | None = None
+        data: bytes | str | None = None
         if self.state.enabled:
             data = await self.state.call(lambda r: r.get(key), None)
         if data is None:

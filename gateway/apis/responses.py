@@ -300,9 +300,10 @@ class ResponseShape:
         self.created_at = int(time.time())
         self.store = req.get("store") is not False
         text = req.get("text") if isinstance(req.get("text"), dict) else None
+        given = req.get("tools")
         tools = [
             {"strict": None, "parameters": None, **t}
-            for t in (req.get("tools") if isinstance(req.get("tools"), list) else [])
+            for t in (given if isinstance(given, list) else [])
             if isinstance(t, dict)
         ]
         self.echo: dict[str, Any] = {
