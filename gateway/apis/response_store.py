@@ -53,8 +53,10 @@ def new_response_id() -> str:
 
 
 def valid_response_id(value: Any) -> bool:
-    rest = value[len(ID_PREFIX) :] if isinstance(value, str) else ""
-    return value.startswith(ID_PREFIX) and len(rest) == 48 and _HEX.issuperset(rest)
+    if not isinstance(value, str) or not value.startswith(ID_PREFIX):
+        return False
+    rest = value[len(ID_PREFIX) :]
+    return len(rest) == 48 and _HEX.issuperset(rest)
 
 
 class ResponseStore:
