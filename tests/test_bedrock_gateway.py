@@ -489,3 +489,29 @@ models:
             finally:
                 sim.clear_faults()
             assert {"from": "br1", "on": "br2"} in resumed, resumed
+
+
+def test_an_exception_event_mid_stream_ends_with_an_error_event(gw, sim) -> None:
+    """Once chunks reached the client, a throttlingException event cannot be retried: the client
+    stream ends with an OpenAI-shaped error event, never a silent truncated 200."""
+    sim.sim.stream_exception = (4, "throttlingException")
+    sim.sim.event_delay_s = 0.02  # the first words reach the client before the exception
+    try:
+        r = httpx.post(
+            gw.base_url + "/chat/completions",
+            json={
+                "model": "chat",
+                "messages": [{"role": "user", "content": "Go on"}],
+                "max_tokens": 10,
+                "stream": True,
+            },
+            timeout=10,
+        )
+    finally:
+        sim.clear_faults()
+    assert r.status_code == 200, r.text
+    events = [e[6:] for e in r.text.strip().split("\n\n") if e.startswith("data: ")]
+    assert "[DONE]" not in events
+    last = orjson.loads(events[-1])
+    assert "error" in last and last["error"]["message"]
+    assert any(orjson.loads(e).get("choices") for e in events[:-1])  # words came before it

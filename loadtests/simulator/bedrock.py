@@ -412,6 +412,7 @@ class BedrockSimulator:
         self.fault: tuple[int, str, str] | None = None  # status, exception, message
         self.stream_exception: tuple[int, str] | None = None  # after N events, exception name
         self.stream_cut_after: int | None = None  # close the connection after N events
+        self.event_delay_s = 0.0  # pause between stream events (a model decoding)
         self._cached_prefixes: set[str] = set()
         self.app = web.Application(client_max_size=20 * 1024 * 1024)
         self.app.router.add_post("/model/{model_id}/{operation}", self._handle)
@@ -423,6 +424,7 @@ class BedrockSimulator:
         self.fault = None
         self.stream_exception = None
         self.stream_cut_after = None
+        self.event_delay_s = 0.0
 
     def _error(self, e: ApiError) -> web.Response:
         self.stats.count(e.status)
@@ -591,6 +593,8 @@ class BedrockSimulator:
                 await resp.write(exception_message(fail[1], "simulated stream exception"))
                 break
             await resp.write(message)
+            if self.event_delay_s:
+                await asyncio.sleep(self.event_delay_s)
         await resp.write_eof()
         return resp
 
