@@ -18,13 +18,13 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import aiohttp
 import yarl
 
 from gateway.policy.schema import Provider, Timeouts
-from gateway.validate import InvalidAnswer
+from gateway.validate import InvalidAnswer, first_event_complete, is_event_stream
 
 # Response headers are never forwarded wholesale: a provider or its proxy adds organisation ids,
 # internal host names, cookies, CORS and `www-authenticate` headers. The gateway sets its own
@@ -238,18 +238,41 @@ class UpstreamStream:
                 release()
 
 
-class WireFormat(Protocol):
-    """What the transport needs from a provider adapter (gateway.providers.base.Adapter)."""
+class OpenAIWire:
+    """The transport's view of a provider: auth and session headers, error classification and
+    the stream-start check, for OpenAI's wire format (a bearer key, SSE, OpenAI errors).
 
-    def session_headers(self) -> dict[str, str]: ...
+    Provider adapters (gateway.providers.base.Adapter) extend it with request, answer and stream
+    mapping and override what their wire format does differently.
+    """
+
+    # Speaks OpenAI as it is: the dispatcher relays requests and answers without mapping.
+    passthrough: ClassVar[bool] = True
+
+    def __init__(self, config: Provider, api_key: str | None) -> None:
+        self.config = config
+        self.api_key = api_key
+
+    def session_headers(self) -> dict[str, str]:
+        """Headers on every request: content type, the policy's `headers`, then auth (the
+        provider key wins over a header of the same name)."""
+        return {"content-type": "application/json", **self.config.headers, **self.auth_headers()}
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def failure(
         self, status: int, body: bytes, headers: Mapping[str, str], ratelimit: bool
-    ) -> UpstreamFailure: ...
+    ) -> UpstreamFailure:
+        """A provider's error status as an attempt failure (body in OpenAI's error shape)."""
+        return _status_failure(status, body, headers, ratelimit)
 
-    def is_stream(self, content_type: str | None) -> bool: ...
+    def is_stream(self, content_type: str | None) -> bool:
+        return is_event_stream(content_type)
 
-    def first_event_complete(self, buf: bytes) -> bool: ...
+    def first_event_complete(self, buf: bytes) -> bool:
+        """Whether `buf` holds the stream's first complete event; raises InvalidAnswer."""
+        return first_event_complete(buf)
 
 
 class UpstreamClient:
@@ -265,23 +288,23 @@ class UpstreamClient:
     """
 
     def __init__(
-        self, name: str, config: Provider, api_key: str | None, adapter: Any = None
+        self,
+        name: str,
+        config: Provider,
+        api_key: str | None,
+        adapter: OpenAIWire | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self._base = config.base_url.rstrip("/")
         self.stale_resends = 0  # requests re-sent because a pooled connection had been closed
-        if adapter is None:
-            from gateway.providers.registry import make_adapter  # the default: by config.type
-
-            adapter = make_adapter(config, api_key)
-        # The provider type's adapter: auth headers, error mapping, stream checks, and (in the
-        # dispatcher) request, answer and stream mapping.
-        self.adapter = adapter
-        self._wire: WireFormat = adapter
-        self._headers = adapter.session_headers()
+        # The provider type's adapter (runtime passes the one of config.type): auth headers,
+        # error mapping, stream checks, and (in the dispatcher) request, answer and stream mapping.
+        self.adapter: Any = adapter if adapter is not None else OpenAIWire(config, api_key)
+        self._wire: OpenAIWire = self.adapter
+        self._headers = self.adapter.session_headers()
         # Paths the adapter percent-encoded itself (and signed as such) are sent as they are.
-        self._encoded = bool(getattr(adapter, "encoded_paths", False))
+        self._encoded = bool(getattr(self.adapter, "encoded_paths", False))
         self._limits = config.limits
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -159,3 +159,14 @@ def test_the_provider_key_wins_over_a_policy_header_of_the_same_name() -> None:
     cfg = Provider(base_url="http://h/v1", headers={"Authorization": "Bearer old"})
     headers = make_adapter(cfg, "sk-new").session_headers()
     assert headers["authorization"] == "Bearer sk-new"
+
+
+def test_the_transport_does_not_import_the_adapters() -> None:
+    """Adapters build on the transport (OpenAIWire), never the other way round: no cycle."""
+    import ast
+
+    tree = ast.parse((Path(__file__).parent.parent / "gateway" / "upstream.py").read_text())
+    imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    assert not any(m.startswith("gateway.providers") for m in imported)

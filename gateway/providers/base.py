@@ -19,13 +19,12 @@ its module in gateway/providers/__init__.py and add its name to `settings.Provid
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway.policy.schema import Provider
-from gateway.upstream import UpstreamFailure, _status_failure
-from gateway.validate import first_event_complete, is_event_stream
+from gateway.upstream import OpenAIWire, UpstreamFailure
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -51,7 +50,7 @@ class UnsupportedEndpoint(UpstreamFailure):
         super().__init__("unsupported", f"a {provider_type} provider does not serve {endpoint}")
 
 
-class Adapter:
+class Adapter(OpenAIWire):
     """Maps one provider type's wire format to and from the gateway's OpenAI shapes."""
 
     type: ClassVar[str] = ""
@@ -62,37 +61,13 @@ class Adapter:
     # `request` paths are percent-encoded already (and signed as sent): not re-normalised.
     encoded_paths: ClassVar[bool] = False
 
-    def __init__(self, config: Provider, api_key: str | None) -> None:
-        self.config = config
-        self.api_key = api_key
-
-    # -- transport hooks (gateway.upstream.UpstreamClient) ------------------------------------
-
-    def session_headers(self) -> dict[str, str]:
-        """Headers on every request: content type, the policy's `headers`, then auth (the
-        provider key wins over a header of the same name, as it always did)."""
-        return {**JSON_HEADERS, **self.config.headers, **self.auth_headers()}
+    # -- transport hooks (gateway.upstream.UpstreamClient): OpenAIWire's unless overridden --
+    # session_headers(), auth_headers(), failure(), is_stream(), first_event_complete()
 
     def secrets(self) -> list[str]:
         """Credential values beyond `api_key` and headers (e.g. a signing secret): masked by
         the redactor wherever text could carry them."""
         return []
-
-    def auth_headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    def failure(
-        self, status: int, body: bytes, headers: Mapping[str, str], ratelimit: bool
-    ) -> UpstreamFailure:
-        """A provider's error status as an attempt failure (body in OpenAI's error shape)."""
-        return _status_failure(status, body, headers, ratelimit)
-
-    def is_stream(self, content_type: str | None) -> bool:
-        return is_event_stream(content_type)
-
-    def first_event_complete(self, buf: bytes) -> bool:
-        """Whether `buf` holds the stream's first complete event; raises InvalidAnswer."""
-        return first_event_complete(buf)
 
     # -- mapping hooks (gateway.dispatch) -----------------------------------------------------
 
