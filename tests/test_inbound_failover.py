@@ -13,10 +13,13 @@ import openai
 import pytest
 
 from gateway.resilience.breaker import BreakerState
+from loadtests.simulator.bedrock import BedrockCredentials, run_bedrock
 from loadtests.simulator.testing import Fleet, run_fleet
 from tests.support import GatewayServer
 
-AN_KEY = "ak-sim-inbound"
+AN_KEY, AZ_KEY = "ak-sim-inbound", "az-sim-inbound"
+BR = BedrockCredentials("AKIDINBOUNDTEST", "inbound-secret-access-key", None, "eu-west-1")
+BR_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
 TOOL_AN = {
     "name": "get_weather",
     "description": "Weather in a city",
@@ -47,12 +50,25 @@ def fleet() -> Iterator[Fleet]:
         [
             {"name": "oa", "profile": "fast"},
             {"name": "an", "profile": "fast", "wire": "anthropic", "api_key": AN_KEY},
+            {
+                "name": "az",
+                "profile": "fast",
+                "wire": "azure",
+                "api_key": AZ_KEY,
+                "overrides": {"models": ["gpt4o-dep"]},
+            },
         ]
     ) as f:
         yield f
 
 
-def _policy(fleet: Fleet) -> str:
+@pytest.fixture(scope="module")
+def bedrock() -> Iterator[str]:
+    with run_bedrock(BR, models=(BR_MODEL,)) as sim:
+        yield sim.url
+
+
+def _policy(fleet: Fleet, bedrock: str) -> str:
     return f"""
 providers:
   oa: {{base_url: '{fleet.url("oa")}', breaker: {{consecutive_failures: 3, cooldown_s: 30}}}}
@@ -62,22 +78,40 @@ providers:
     api_key_env: SIM_ANTHROPIC_KEY_INBOUND
     models: {{'*': claude-sim-1}}
     breaker: {{consecutive_failures: 3, cooldown_s: 30}}
+  az:
+    type: azure
+    base_url: '{fleet.root_url("az")}'
+    api_key_env: SIM_AZURE_KEY_INBOUND
+    models: {{'*': gpt4o-dep}}
+  br:
+    type: bedrock
+    base_url: '{bedrock}'
+    models: {{'*': '{BR_MODEL}'}}
+    bedrock: {{region: eu-west-1, access_key_id_env: BR_INBOUND_KEY_ID,
+               secret_access_key_env: BR_INBOUND_SECRET}}
 pools:
   openai: {{members: [oa]}}
   anthropic: {{members: [an]}}
+  azure: {{members: [az]}}
+  bedrock: {{members: [br]}}
   mixed: {{members: [oa, an], balancer: {{strategy: round_robin}}, max_attempts: 2}}
 models:
   gpt: {{pool: openai}}
   claude: {{pool: anthropic}}
+  azure: {{pool: azure}}
+  bedrock: {{pool: bedrock}}
   mixed: {{pool: mixed}}
 """
 
 
 @pytest.fixture(scope="module")
-def gw(fleet: Fleet) -> Iterator[GatewayServer]:
+def gw(fleet: Fleet, bedrock: str) -> Iterator[GatewayServer]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SIM_ANTHROPIC_KEY_INBOUND", AN_KEY)
-        with GatewayServer(_policy(fleet)) as server:
+        mp.setenv("SIM_AZURE_KEY_INBOUND", AZ_KEY)
+        mp.setenv("BR_INBOUND_KEY_ID", BR.access_key_id)
+        mp.setenv("BR_INBOUND_SECRET", BR.secret_access_key)
+        with GatewayServer(_policy(fleet, bedrock)) as server:
             yield server
 
 
@@ -103,7 +137,7 @@ def _requests(fleet: Fleet, name: str) -> int:
     return sum(int(v) for v in fleet.stats(name)["by_endpoint"].values())
 
 
-@pytest.mark.parametrize("model", ["gpt", "claude"])
+@pytest.mark.parametrize("model", ["gpt", "claude", "azure", "bedrock"])
 def test_every_api_on_each_provider_type(
     claude: anthropic.Anthropic, oa: openai.OpenAI, model: str
 ) -> None:
