@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -339,3 +341,16 @@ def test_legacy_completions(client: openai.OpenAI, http: httpx.Client) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="demo", prompt="x", logprobs=9)
     assert e.value.response.json()["error"]["param"] == "logprobs"
+
+
+def test_readme_quick_start_snippet(base_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's first snippet, run as written (our port and key): the streamed line is text
+    only (no stray `None` from the role or finish chunks)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    snippet = next(b for b in blocks if 'base_url="http://127.0.0.1:8080/v1"' in b)
+    snippet = snippet.replace("http://127.0.0.1:8080/v1", base_url).replace("unused-in-demo", KEY)
+    exec(compile(snippet, "README.md", "exec"), {})  # noqa: S102 - the project's own README
+    streamed = capsys.readouterr().out.rstrip("\n").splitlines()[-1]
+    assert streamed and "None" not in streamed
+    assert re.fullmatch(r"[a-z]+( [a-z]+)*", streamed), streamed
