@@ -14,12 +14,13 @@ def test_round_trip_of_n_choices_with_logprobs_and_a_tool_call() -> None:
     text = Choice(0, ["Hello", " there"], "stop")
     text.logprobs = logprobs_for(text.pieces, 1, 2)
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
-    tool = Choice(1, ['{"', "a", '":', "1}"], "tool_calls", call)
+    other = {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}}
+    tool = Choice(1, ['{"', "a", '":', "1}", "{}"], "tool_calls", [call, other], [0, 0, 0, 0, 1])
     plan = Plan([text, tool], 2, True)
     fmt = ChatFormat("chatcmpl-1", 1, "demo", "fp_x", include_usage=True)
     stream = (
         fmt.plan_start(plan)
-        + fmt.plan_pieces(plan, 0, 4)
+        + fmt.plan_pieces(plan, 0, 5)
         + fmt.usage_chunk(usage(3, plan.tokens, 0))
         + b"data: [DONE]\n\n"
     )

@@ -233,6 +233,15 @@ def test_structured_output_parse(client: openai.OpenAI) -> None:
     ) as stream:
         final = stream.get_final_completion()
     assert isinstance(final.choices[0].message.parsed, Person)
+    # Strict function tools from a pydantic model: the SDK parses the call's arguments.
+    r = client.chat.completions.parse(
+        model="demo",
+        messages=[{"role": "user", "content": "Look up the weather."}],
+        tools=[openai.pydantic_function_tool(Address, name="lookup_address")],
+        tool_choice="required",
+    )
+    (call,) = r.choices[0].message.tool_calls or []
+    assert isinstance(call.function.parsed_arguments, Address)
     doc = raw_chat(client, messages=MSG, response_format={"type": "json_object"})
     assert isinstance(json.loads(doc["choices"][0]["message"]["content"]), dict)
 

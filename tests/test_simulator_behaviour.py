@@ -15,7 +15,7 @@ import httpx
 import jsonschema
 import pytest
 
-from loadtests.simulator.behaviour import apply_stop, needs_plan, pieces_of, tool_to_call
+from loadtests.simulator.behaviour import apply_stop, needs_plan, pieces_of, tools_to_call
 from loadtests.simulator.schema_values import value_for
 from loadtests.simulator.testing import Fleet, run_fleet
 from tests.support import validate
@@ -179,6 +179,38 @@ def test_tool_calls_forced_auto_none(fleet: Fleet, http: httpx.Client) -> None:
     assert doc["choices"][0]["message"]["content"]
 
 
+def test_parallel_tool_calls(fleet: Fleet, http: httpx.Client) -> None:
+    flights = {
+        "type": "function",
+        "function": {
+            "name": "search_flights",
+            "parameters": {
+                "type": "object",
+                "properties": {"to": {"type": "string"}, "seats": {"type": "integer"}},
+                "required": ["to", "seats"],
+            },
+        },
+    }
+    body = {"messages": ask("Weather in Rome, and flights there?"), "tools": [WEATHER, flights]}
+    doc, chunks = call(http, fleet, body)
+    calls = doc["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "search_flights"]
+    assert len({c["id"] for c in calls}) == 2
+    deltas = [
+        d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls") or []
+    ]
+    for k, expected in enumerate(calls):
+        mine = [d for d in deltas if d["index"] == k]
+        assert mine[0]["id"].startswith("call_") and all("id" not in d for d in mine[1:])
+        assert mine[0]["function"]["name"] == expected["function"]["name"]
+        args = "".join(d["function"]["arguments"] for d in mine)
+        assert args == expected["function"]["arguments"]
+        schema = (WEATHER, flights)[k]["function"]["parameters"]
+        jsonschema.validate(json.loads(args), schema)
+    doc, _ = call(http, fleet, {**body, "parallel_tool_calls": False})
+    assert len(doc["choices"][0]["message"]["tool_calls"]) == 1
+
+
 def test_logprobs_shape_in_bodies_and_streams(fleet: Fleet, http: httpx.Client) -> None:
     body = {"messages": ask("hi"), "logprobs": True, "top_logprobs": 3, "max_tokens": 5}
     doc, chunks = call(http, fleet, body)
@@ -268,5 +300,9 @@ def test_schema_values_and_helpers() -> None:
     assert apply_stop(["a", " b", "c", " d"], ["bc"]) == ["a", " "]
     assert apply_stop(["a", " b"], "zz") is None
     tools = [WEATHER, {"type": "function", "function": {"name": "searchFlights"}}]
-    assert tool_to_call({"tools": tools}, ask("find flights to Rome"))["name"] == "searchFlights"
-    assert tool_to_call({"tools": tools}, ask("get me a list")) is None
+    (found,) = tools_to_call({"tools": tools}, ask("find flights to Rome"))
+    assert found["name"] == "searchFlights"
+    assert tools_to_call({"tools": tools}, ask("get me a list")) == []
+    both = ask("the weather in Rome, and flights there")
+    assert len(tools_to_call({"tools": tools}, both)) == 2
+    assert len(tools_to_call({"tools": tools, "parallel_tool_calls": False}, both)) == 1

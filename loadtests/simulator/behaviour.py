@@ -9,7 +9,8 @@ the tokens spell. The same request (prompt and ``seed``) gives the same plan.
 
 Tool choice under ``auto``: the model calls a tool when the last message is the user's and it
 names the tool (``get_weather``) or a distinctive word of the tool's name (``weather``), and
-answers in text otherwise (always after a tool result, so an agent loop ends).
+answers in text otherwise (always after a tool result, so an agent loop ends); one call per tool
+named, unless ``parallel_tool_calls`` is false.
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ class Choice:
     index: int
     pieces: list[str]  # the tokens, in order (a tool call: pieces of its arguments)
     finish: str
-    tool: dict[str, Any] | None = None  # {"id","type","function":{"name","arguments"}}
+    # Tool calls ({"id","type","function":{"name","arguments"}}): the pieces spell their
+    # arguments one after the other; piece_call[j] = the call piece j belongs to.
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    piece_call: list[int] = field(default_factory=list)
     logprobs: list[tuple[float, list[tuple[str, float]]]] | None = None  # per piece
     echo: str = ""  # legacy completions with `echo`: the prompt, before the generated text
 
@@ -137,28 +141,32 @@ def _functions(tools: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _asked_for(fns: list[dict[str, Any]], messages: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The tool the last (user) message asks for, by its name or a distinctive word of it."""
+def _asked_for(fns: list[dict[str, Any]], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools the last (user) message asks for, by name or a distinctive word of the name."""
     last = messages[-1] if messages else {}
     if last.get("role") != "user":
-        return None
+        return []
     said = content_text(last.get("content")).lower()
     words = set(re.findall(r"[a-z0-9]+", said))
+    asked = []
     for fn in fns:
         name = fn["name"]
-        if name.lower() in said:
-            return fn
         parts = {p.lower() for p in _NAME_PARTS.findall(name)}
-        if any(len(p) >= 4 and p not in _GENERIC and p in words for p in parts):
-            return fn
-    return None
+        if name.lower() in said or any(
+            len(p) >= 4 and p not in _GENERIC and p in words for p in parts
+        ):
+            asked.append(fn)
+    return asked
 
 
-def tool_to_call(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The function the model calls for this request, or None for a text answer."""
+def tools_to_call(body: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The functions the model calls for this request (none: a text answer).
+
+    Several when the message asks for several and `parallel_tool_calls` is not false.
+    """
     fns = _functions(body.get("tools"))
     if not fns:
-        return None
+        return []
     choice = body.get("tool_choice", "auto")
     if isinstance(choice, dict):
         if choice.get("type") == "allowed_tools":
@@ -172,13 +180,13 @@ def tool_to_call(body: dict[str, Any], messages: list[dict[str, Any]]) -> dict[s
             choice = allowed.get("mode", "auto")
         else:
             name = (choice.get("function") or {}).get("name")
-            return next((f for f in fns if f["name"] == name), None)
+            return [f for f in fns if f["name"] == name][:1]
     if choice == "none" or not fns:
-        return None
+        return []
     asked = _asked_for(fns, messages)
-    if choice == "required":
-        return asked or fns[0]
-    return asked
+    if choice == "required" and not asked:
+        asked = fns[:1]
+    return asked if body.get("parallel_tool_calls") is not False else asked[:1]
 
 
 def tool_call(fn: dict[str, Any], seed: int, call_id: str) -> dict[str, Any]:
@@ -302,16 +310,22 @@ def chat_plan(
 ) -> Plan:
     """A plan for a chat request; ``text_choice(seed, index)`` gives (word pieces, finish)."""
     n = body.get("n") or 1
-    fn = tool_to_call(body, messages)
+    fns = tools_to_call(body, messages)
     logprobs = body.get("logprobs") is True
     top = (body.get("top_logprobs") or 0) if logprobs else 0
     choices = []
     for i in range(n):
         s = choice_seed(seed, i)
-        if fn is not None:
-            call = tool_call(fn, s, f"call_{rid}" if n == 1 else f"call_{rid}_{i}")
-            pieces = pieces_of(call["function"]["arguments"]) or [""]
-            choices.append(Choice(i, pieces, "tool_calls", call))
+        if fns:
+            choice = Choice(i, [], "tool_calls")
+            for k, fn in enumerate(fns):
+                cid = f"call_{rid}" + (f"_{i}" if n > 1 else "") + (f"_{k}" if k else "")
+                call = tool_call(fn, choice_seed(s, k), cid)
+                args = pieces_of(call["function"]["arguments"]) or [""]
+                choice.calls.append(call)
+                choice.pieces += args
+                choice.piece_call += [k] * len(args)
+            choices.append(choice)
             continue
         structured = structured_text(body.get("response_format"), s)
         if structured is not None:

@@ -108,18 +108,22 @@ class ChatFormat:
         out = []
         for c in plan.choices:
             delta: dict[str, Any] = {"role": "assistant", "content": ""}
-            if c.tool is not None:
-                head = {"name": c.tool["function"]["name"], "arguments": ""}
-                call = {"index": 0, "id": c.tool["id"], "type": "function", "function": head}
-                delta = {"role": "assistant", "content": None, "tool_calls": [call]}
+            if c.calls:
+                delta = {"role": "assistant", "content": None, "tool_calls": [_call_head(c, 0)]}
             choice = {"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None}
             out.append(self.chunk([choice]))
         return b"".join(out)
 
     def _piece(self, c: Choice, j: int, plan: Plan) -> dict[str, Any]:
         p = c.pieces[j]
-        if c.tool is not None:
-            delta: dict[str, Any] = {"tool_calls": [{"index": 0, "function": {"arguments": p}}]}
+        if c.calls:
+            k = c.piece_call[j]
+            if k and c.piece_call[j - 1] != k:  # a later call starts: its id and name first
+                call = _call_head(c, k)
+                call["function"]["arguments"] = p
+            else:
+                call = {"index": k, "function": {"arguments": p}}
+            delta: dict[str, Any] = {"tool_calls": [call]}
         else:
             delta = {"content": p}
         lp = None
@@ -145,8 +149,8 @@ class ChatFormat:
         choices = []
         for c in plan.choices:
             message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
-            if c.tool is not None:
-                message["tool_calls"] = [c.tool]
+            if c.calls:
+                message["tool_calls"] = c.calls
             else:
                 message["content"] = c.text
             lp = None
@@ -158,6 +162,13 @@ class ChatFormat:
         return orjson.dumps(
             {**self.base, "object": "chat.completion", "choices": choices, "usage": usage_}
         )
+
+
+def _call_head(c: Choice, k: int) -> dict[str, Any]:
+    """The first delta of tool call ``k``: its index, id, type and name."""
+    call = c.calls[k]
+    head = {"name": call["function"]["name"], "arguments": ""}
+    return {"index": k, "id": call["id"], "type": "function", "function": head}
 
 
 class CompletionFormat(ChatFormat):
