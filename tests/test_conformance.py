@@ -27,8 +27,8 @@ import pytest
 from tests.support import free_port, validate, wait_http
 
 KEY = "sk-conformance-demo"
-MSG = [{"role": "user", "content": "Hi"}]
-WEATHER = {
+MSG: Any = [{"role": "user", "content": "Hi"}]
+WEATHER: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -181,7 +181,7 @@ def test_tools_forced_and_auto(client: openai.OpenAI, http: httpx.Client, stream
     ]
     params = WEATHER["function"]["parameters"]
     for choice, text in asks:
-        body = {"messages": [{"role": "user", "content": text}], "tools": [WEATHER]}
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": text}], "tools": [WEATHER]}
         if not stream:
             doc = raw_chat(client, **body, tool_choice=choice)
             assert doc["choices"][0]["finish_reason"] == "tool_calls"
@@ -276,13 +276,13 @@ def test_seed_and_stop(client: openai.OpenAI) -> None:
 
 def test_errors(base_url: str, client: openai.OpenAI, http: httpx.Client) -> None:
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="demo", messages=MSG, temperature="hot")  # type: ignore[arg-type]
+        client.chat.completions.create(model="demo", messages=MSG, temperature="hot")  # type: ignore[call-overload]
     assert e.value.status_code == 400
     body = e.value.response.json()
     validate("ErrorResponse", body)
     assert body["error"]["param"] == "temperature" and body["error"]["code"] == "invalid_type"
     assert "x-gateway-provider" not in e.value.response.headers  # nothing was sent upstream
-    for bad, param in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"top_p": 2}, "top_p"),
         ({"n": 0}, "n"),
         ({"max_tokens": -1}, "max_tokens"),
@@ -292,7 +292,8 @@ def test_errors(base_url: str, client: openai.OpenAI, http: httpx.Client) -> Non
         ),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-    ]:
+    ]
+    for bad, param in cases:
         r = http.post("/chat/completions", json={"model": "demo", "messages": MSG, **bad})
         assert r.status_code == 400, bad
         validate("ErrorResponse", r.json())

@@ -20,7 +20,7 @@ from loadtests.simulator.schema_values import value_for
 from loadtests.simulator.testing import Fleet, run_fleet
 from tests.support import validate
 
-WEATHER = {
+WEATHER: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -36,7 +36,7 @@ WEATHER = {
         },
     },
 }
-PERSON = {
+PERSON: Any = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "maxLength": 12},
@@ -180,7 +180,7 @@ def test_tool_calls_forced_auto_none(fleet: Fleet, http: httpx.Client) -> None:
 
 
 def test_parallel_tool_calls(fleet: Fleet, http: httpx.Client) -> None:
-    flights = {
+    flights: Any = {
         "type": "function",
         "function": {
             "name": "search_flights",
