@@ -300,3 +300,14 @@ def test_bad_stop_is_a_client_error_and_a_huge_stream_is_cut() -> None:
     with pytest.raises(InvalidAnswer):
         for _ in range(1024 // len(ping) + 2):
             tr(ping)
+
+
+def test_a_stream_opening_with_an_error_event_fails_with_its_kind() -> None:
+    a = adapter()
+    assert a.first_event_complete(STREAM) is True
+    limited = _sse({"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}})
+    with pytest.raises(UpstreamFailure) as e:
+        a.first_event_complete(limited)
+    assert e.value.kind == "rate_limited"
+    with pytest.raises(InvalidAnswer):  # an error of no known type stays a bad answer
+        a.first_event_complete(_sse({"type": "error", "error": {"type": "odd_error"}}))

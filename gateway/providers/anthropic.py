@@ -39,7 +39,7 @@ from gateway.providers.common import (
 from gateway.providers.settings import AnthropicSettings
 from gateway.sse import SSESplitter, event_data
 from gateway.upstream import UpstreamFailure, _status_failure, parse_retry_after
-from gateway.validate import InvalidAnswer
+from gateway.validate import InvalidAnswer, first_event_complete
 
 PATH = "/v1/messages"
 STOP_REASONS = {
@@ -194,6 +194,17 @@ class AnthropicAdapter(Adapter):
         )
 
     # -- errors -----------------------------------------------------------------------------
+
+    def first_event_complete(self, buf: bytes) -> bool:
+        try:
+            return first_event_complete(buf)
+        except InvalidAnswer:
+            # A stream that opens with an error event (overloaded, rate limited) fails with that
+            # error's kind, so a rate limit cools the member down instead of feeding its breaker.
+            kind = _first_error_kind(buf)
+            if kind is None:
+                raise
+            raise UpstreamFailure(kind, "the stream started with an error event") from None
 
     def failure(
         self, status: int, body: bytes, headers: Mapping[str, str], ratelimit: bool
@@ -468,6 +479,22 @@ def _error_of(body: bytes) -> tuple[str, str] | None:
         kind if isinstance(kind, str) else "api_error",
         message if isinstance(message, str) else "",
     )
+
+
+def _first_error_kind(buf: bytes) -> str | None:
+    """The failure kind of an Anthropic error event at the start of `buf`, if it is one."""
+    for ev in SSESplitter().feed(buf.replace(b"\r\n", b"\n")):
+        data = event_data(ev)
+        if data is None:
+            continue
+        try:
+            e = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return None
+        err = e.get("error") if isinstance(e, dict) and e.get("type") == "error" else None
+        etype = err.get("type") if isinstance(err, dict) else None
+        return _STREAM_ERRORS.get(etype) if isinstance(etype, str) else None
+    return None
 
 
 class _StreamTranslator:
