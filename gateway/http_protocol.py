@@ -91,24 +91,28 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._idle_since = 0.0
         self._request_bytes = False  # bytes of a not-yet-complete request head were received
         self._reading_body = False
+        self._timer_kind: str | None = None
+        self._idle_wait = False  # the header timer armed at connection start (no bytes yet)
 
     # -- timers ---------------------------------------------------------------------------------
 
-    def _arm(self, delay: float, callback: Any) -> None:
+    def _arm(self, delay: float, callback: Any, kind: str) -> None:
         self._disarm()
         self._read_timer = self.loop.call_later(delay, callback)
+        self._timer_kind = kind
 
     def _disarm(self) -> None:
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None
+        self._timer_kind = None
 
     def _idle(self) -> bool:
         """No request being handled: waiting for (or reading) the next request's head."""
         return (self.cycle is None or self.cycle.response_complete) and not self.pipeline
 
     def _header_timeout(self) -> None:
-        self._read_timer = None
+        self._read_timer = self._timer_kind = None
         if self.transport.is_closing():
             return
         if self._request_bytes:
@@ -116,7 +120,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def _body_timeout(self) -> None:
-        self._read_timer = None
+        self._read_timer = self._timer_kind = None
         cycle = self.cycle
         if self.transport.is_closing() or cycle is None:
             return
@@ -135,7 +139,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         limits = _limits
         self.timeout_keep_alive = limits.keepalive_timeout_s  # type: ignore[assignment]
         self._idle_since = self.loop.time()
-        self._arm(limits.header_timeout_s, self._header_timeout)
+        self._arm(limits.header_timeout_s, self._header_timeout, "header")
+        self._idle_wait = True
         if len(self.connections) > _cap:
             self._make_room()
 
@@ -168,19 +173,26 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if not self._request_bytes and not self._reading_body and self._idle():
             # First bytes of a new request on a kept-alive connection: its head must follow soon.
             self._request_bytes = True
-            if self._read_timer is None:
-                self._arm(_limits.header_timeout_s, self._header_timeout)
         super().data_received(data)
+        # Timers only for what is still incomplete after this read: a small request usually
+        # arrives whole in one read and then needs none (no timer armed and cancelled per request).
+        if self._reading_body:
+            if self._timer_kind != "body":
+                self._arm(_limits.body_timeout_s, self._body_timeout, "body")
+        elif self._request_bytes:
+            if self._read_timer is None:
+                self._arm(_limits.header_timeout_s, self._header_timeout, "header")
+        elif self._timer_kind is not None and not self._idle_wait:
+            self._disarm()
 
     def on_headers_complete(self) -> None:
         self._request_bytes = False
         self._reading_body = True
-        self._arm(_limits.body_timeout_s, self._body_timeout)
+        self._idle_wait = False
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._reading_body = False
-        self._disarm()
         super().on_message_complete()
 
     def on_response_complete(self) -> None:

@@ -124,14 +124,17 @@ async def _read_bounded(
     parts: list[bytes] = []
     size = 0
     content = resp.content
-    while True:
-        if gap_s is None:
-            chunk = await content.readany()
-        else:
-            async with asyncio.timeout(gap_s):
-                chunk = await content.readany()
+    while not content.at_eof():
+        # What is already buffered needs no wait (a small answer usually is, whole): no timer.
+        chunk = content.read_nowait()
         if not chunk:
-            break
+            if gap_s is None:
+                chunk = await content.readany()
+            else:
+                async with asyncio.timeout(gap_s):
+                    chunk = await content.readany()
+            if not chunk:
+                break
         size += len(chunk)
         if size > limit:
             raise UpstreamFailure("bad_response", f"answer larger than {limit} bytes")
@@ -444,13 +447,17 @@ class UpstreamClient:
         total_end = start + timeouts.total_s
         end = min(total_end, max(start + head_s, time.monotonic() + timeouts.idle_s))
         ok = False
+        limit = self._limits.max_response_bytes
         try:
-            async with asyncio.timeout(max(0.0, end - time.monotonic())):
-                if resp.status >= 300:
-                    content = await _read_error(resp)
-                else:
-                    limit = self._limits.max_response_bytes
-                    content = await _read_bounded(resp, limit, timeouts.idle_s)
+            if resp.status < 300 and resp.content.is_eof():
+                # The whole answer arrived with its headers (usual for small ones): no timer.
+                content = await _read_bounded(resp, limit, None)
+            else:
+                async with asyncio.timeout(max(0.0, end - time.monotonic())):
+                    if resp.status >= 300:
+                        content = await _read_error(resp)
+                    else:
+                        content = await _read_bounded(resp, limit, timeouts.idle_s)
             ok = True
         except TimeoutError:
             kind = "total_timeout" if time.monotonic() >= total_end - 0.001 else "idle_timeout"

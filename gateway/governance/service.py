@@ -110,6 +110,8 @@ class GovernanceService:
         self._soft_logged: set[str] = set()
         self._configured: Governance | None = None
         self._resolved: dict[tuple[str, str, float], tuple[Limits, Limits, Budget, Budget]] = {}
+        self._free: dict[tuple[str, str, float], bool] = {}
+        self._bkeys: dict[tuple[str, str, int], list[str]] = {}
 
     async def start(self, settings: Governance) -> None:
         self.configure(settings)
@@ -125,6 +127,7 @@ class GovernanceService:
     def configure(self, g: Governance) -> None:
         self._configured = g
         self._resolved = {}
+        self._free = {}
         self.limiter.lease_fraction = self.concurrency.lease_fraction = g.sync.lease_fraction
         self.keys.refresh_s = g.sync.key_refresh_s
         self.ledger.flush_s = g.sync.spend_flush_s
@@ -182,13 +185,18 @@ class GovernanceService:
         if p.record is not None and p.record.aliases and acc.model not in p.record.aliases:
             raise model_not_found(acc.model)
         t_limits, k_limits, t_budget, k_budget = self._policies(g, p)
+        now = time.time()
+        ticket = Ticket(p)
+        ticket.budget_keys = self._budget_keys(p, now)
+        if self._unlimited(g, p, t_limits, k_limits, t_budget, k_budget):
+            # Nothing to enforce for this tenant and key (the common case): only spend is kept.
+            self._watch(g, acc, ticket)
+            ctx.governance = ticket
+            self.stats.admitted(p.tenant, p.key_id)
+            return
         scopes = [("t:" + p.tenant, t_limits, t_budget)]
         if p.key_id:
             scopes.append(("k:" + p.key_id, k_limits, k_budget))
-        ticket = Ticket(p)
-        now = time.time()
-        for scope, _, _ in scopes:
-            ticket.budget_keys += [self.ledger.budget_key(scope, per, now) for per in _PERIODS]
         await self._check_budgets(snap, scopes, ticket, decision, ctx, now)
         ticket.reserved_tokens = float(decision.prompt_tokens + (acc.max_tokens or 0))
         requests: list[Bucket] = []
@@ -232,12 +240,52 @@ class GovernanceService:
             except BaseException:
                 self._undo(wants, ticket.slots)
                 raise
+        self._watch(g, acc, ticket)
+        ctx.governance = ticket
+        self.stats.admitted(p.tenant, p.key_id)
+
+    @staticmethod
+    def _watch(g: Governance, acc: Accepted, ticket: Ticket) -> None:
+        """Streams are costed from the provider's usage chunk (asked for when the client did not)."""
         if acc.stream and g.stream_usage and acc.endpoint != "embeddings":
             ticket.watch_stream = True
             opts = acc.body.get("stream_options") or {}
             ticket.hide_usage = not opts.get("include_usage")
-        ctx.governance = ticket
-        self.stats.admitted(p.tenant, p.key_id)
+
+    def _budget_keys(self, p: Principal, now: float) -> list[str]:
+        """Budget counters a request's cost goes to (the same for a second: computed once)."""
+        ck = (p.tenant, p.key_id, int(now))
+        hit = self._bkeys.get(ck)
+        if hit is None:
+            if len(self._bkeys) > 10_000:
+                self._bkeys.clear()
+            scopes = ["t:" + p.tenant] + (["k:" + p.key_id] if p.key_id else [])
+            hit = [self.ledger.budget_key(sc, per, now) for sc in scopes for per in _PERIODS]
+            self._bkeys[ck] = hit
+        return hit
+
+    def _unlimited(
+        self,
+        g: Governance,
+        p: Principal,
+        t_limits: Limits,
+        k_limits: Limits,
+        t_budget: Budget,
+        k_budget: Budget,
+    ) -> bool:
+        ck = (p.tenant, p.key_id, p.record.updated if p.record is not None else 0.0)
+        hit = self._free.get(ck)
+        if hit is None:
+            if len(self._free) > 10_000:
+                self._free.clear()
+            hit = self._free[ck] = not (
+                t_limits.any
+                or (p.key_id and k_limits.any)
+                or t_budget.periods()
+                or (p.key_id and k_budget.periods())
+                or g.tenant(p.tenant).max_pool_share is not None
+            )
+        return hit
 
     def _undo(self, wants: list[tuple[Bucket, float]], slots: list[Slots]) -> None:
         """A request refused after its limits were taken: give them back."""
