@@ -79,8 +79,11 @@ def test_slow_member_gets_less_traffic(sims) -> None:
         results = send_many(gw.base_url, [chat(f"question {i}") for i in range(90)], threads=6)
     assert all(status == 200 for status, _ in results)
     share = Counter(p for _, p in results)
-    # ~10 ms vs ~200 ms per request: after its first answers the slow one is rarely worth it.
-    assert share["sluggish"] <= 12 and share["quick"] >= 78, share
+    # ~10 ms vs ~200 ms per request: after its first answers the slow one is rarely worth it
+    # (3 of 90 in a quiet run). The bound leaves room for one pause of this test process: a
+    # 0.7 s stall seen once in CI made the quick member's answers look slow, and PeakEWMA rightly
+    # kept away from it for the rest of the run (20 of 90); an even split would be 45.
+    assert share["sluggish"] <= 24 and share["quick"] >= 66, share
 
 
 def test_fast_failing_member_is_penalised(sims) -> None:
