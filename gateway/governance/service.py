@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
 
@@ -42,6 +42,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.governance")
 _PERIODS = ("day", "week", "month")
+
+
+class Resolved(NamedTuple):
+    """A tenant's and key's merged settings; `unlimited`: nothing to enforce, spend only."""
+
+    tenant_limits: Limits
+    key_limits: Limits
+    tenant_budget: Budget
+    key_budget: Budget
+    unlimited: bool
 
 
 @dataclass(slots=True)
@@ -109,8 +119,7 @@ class GovernanceService:
         self.stats = GovStats()
         self._soft_logged: set[str] = set()
         self._configured: Governance | None = None
-        self._resolved: dict[tuple[str, str, float], tuple[Limits, Limits, Budget, Budget]] = {}
-        self._free: dict[tuple[str, str, float], bool] = {}
+        self._resolved: dict[tuple[str, str, float], Resolved] = {}
         self._bkeys: dict[tuple[str, str, int], list[str]] = {}
 
     async def start(self, settings: Governance) -> None:
@@ -127,7 +136,6 @@ class GovernanceService:
     def configure(self, g: Governance) -> None:
         self._configured = g
         self._resolved = {}
-        self._free = {}
         self.limiter.lease_fraction = self.concurrency.lease_fraction = g.sync.lease_fraction
         self.keys.refresh_s = g.sync.key_refresh_s
         self.ledger.flush_s = g.sync.spend_flush_s
@@ -151,7 +159,7 @@ class GovernanceService:
 
     # -- 2. may they --------------------------------------------------------------------------
 
-    def _policies(self, g: Governance, p: Principal) -> tuple[Limits, Limits, Budget, Budget]:
+    def _policies(self, g: Governance, p: Principal) -> Resolved:
         """The limits and budgets of the tenant and the key (merged once per policy and key)."""
         # A managed key's record changes `updated` on every change.
         ck = (p.tenant, p.key_id, p.record.updated if p.record is not None else 0.0)
@@ -163,7 +171,7 @@ class GovernanceService:
         out = self._resolved[ck] = self._resolve(g, p)
         return out
 
-    def _resolve(self, g: Governance, p: Principal) -> tuple[Limits, Limits, Budget, Budget]:
+    def _resolve(self, g: Governance, p: Principal) -> Resolved:
         t = g.tenant(p.tenant)
         key_limits, key_budget = t.key_limits, t.key_budget
         override = g.keys.get(p.key_id)
@@ -173,7 +181,13 @@ class GovernanceService:
         if p.record is not None:
             key_limits = p.record.limits.merged(key_limits)
             key_budget = p.record.budget.merged(key_budget)
-        return t.limits, key_limits, t.budget, key_budget
+        enforced = bool(
+            t.limits.any
+            or t.budget.periods()
+            or t.max_pool_share is not None
+            or (p.key_id and (key_limits.any or key_budget.periods()))
+        )
+        return Resolved(t.limits, key_limits, t.budget, key_budget, not enforced)
 
     async def admit(
         self, snap: Snapshot, p: Principal, acc: Accepted, decision: Decision, ctx: Context
@@ -184,11 +198,11 @@ class GovernanceService:
             self.configure(g)  # a reloaded policy
         if p.record is not None and p.record.aliases and acc.model not in p.record.aliases:
             raise model_not_found(acc.model)
-        t_limits, k_limits, t_budget, k_budget = self._policies(g, p)
+        t_limits, k_limits, t_budget, k_budget, unlimited = self._policies(g, p)
         now = time.time()
         ticket = Ticket(p)
         ticket.budget_keys = self._budget_keys(p, now)
-        if self._unlimited(g, p, t_limits, k_limits, t_budget, k_budget):
+        if unlimited:
             # Nothing to enforce for this tenant and key (the common case): only spend is kept.
             self._watch(g, acc, ticket)
             ctx.governance = ticket
@@ -262,29 +276,6 @@ class GovernanceService:
             scopes = ["t:" + p.tenant] + (["k:" + p.key_id] if p.key_id else [])
             hit = [self.ledger.budget_key(sc, per, now) for sc in scopes for per in _PERIODS]
             self._bkeys[ck] = hit
-        return hit
-
-    def _unlimited(
-        self,
-        g: Governance,
-        p: Principal,
-        t_limits: Limits,
-        k_limits: Limits,
-        t_budget: Budget,
-        k_budget: Budget,
-    ) -> bool:
-        ck = (p.tenant, p.key_id, p.record.updated if p.record is not None else 0.0)
-        hit = self._free.get(ck)
-        if hit is None:
-            if len(self._free) > 10_000:
-                self._free.clear()
-            hit = self._free[ck] = not (
-                t_limits.any
-                or (p.key_id and k_limits.any)
-                or t_budget.periods()
-                or (p.key_id and k_budget.periods())
-                or g.tenant(p.tenant).max_pool_share is not None
-            )
         return hit
 
     def _undo(self, wants: list[tuple[Bucket, float]], slots: list[Slots]) -> None:
