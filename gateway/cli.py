@@ -107,11 +107,11 @@ def serve(
     metrics_tmp = _metrics_dir(workers)
     try:
         # Several workers: uvicorn's supervisor, made to stop accepting at once on SIGTERM.
-        from gateway.drain import serve_workers
+        from gateway.http.drain import serve_workers
 
         run = uvicorn.run if workers == 1 else serve_workers
         run(
-            "gateway.server:build_app",
+            "gateway.http.server:build_app",
             factory=True,
             host=host,
             port=port,
@@ -144,7 +144,7 @@ def _metrics_dir(workers: int) -> Path | None:
     """Several workers write their metrics to one folder so that one scrape reports them all:
     PROMETHEUS_MULTIPROC_DIR when set (emptied now: left-overs of an earlier run), else a
     private temporary folder."""
-    from gateway.metrics_workers import ENV_DIR, clear
+    from gateway.observability.metrics_workers import ENV_DIR, clear
 
     created = None
     if not os.environ.get(ENV_DIR):
@@ -163,7 +163,7 @@ def _http_protocol(choice: str) -> Any:
     resolved = _installed(choice, "httptools")
     if resolved != "httptools":
         return resolved
-    from gateway.http_protocol import GatewayHttpProtocol
+    from gateway.http.protocol import GatewayHttpProtocol
 
     return GatewayHttpProtocol
 
@@ -179,7 +179,7 @@ def _installed(choice: str, module: str) -> str:
 
 def _check(file: Path) -> PolicyReport:
     """The policy file's report, plus the gateway keys of the environment (GATEWAY_API_KEYS)."""
-    from gateway.auth import KeyConfigError, KeyRing
+    from gateway.governance.static_keys import KeyConfigError, KeyRing
 
     try:
         report = check_policy(read_policy_text(file), str(file))
@@ -199,8 +199,8 @@ def _check(file: Path) -> PolicyReport:
 def _check_rules(policy: Any, file: Path, report: PolicyReport) -> None:
     """The degradation rules the policy names: they must load; names of models and classes they
     match on that this policy does not have are warnings (the rule would never match here)."""
-    from gateway.app import _rules_path
-    from gateway.degrade import RuleFileError, load_rules
+    from gateway.http.app import _rules_path
+    from gateway.resilience.degrade_rules import RuleFileError, load_rules
 
     path = _rules_path(policy, str(file))
     if path is None:
@@ -260,7 +260,7 @@ def explain(
     import orjson
 
     from gateway.errors import GatewayError, model_not_found
-    from gateway.routing.explain import accept_any, explain_offline
+    from gateway.pipeline.explain import accept_any, explain_offline
 
     try:
         p = load_policy(policy)

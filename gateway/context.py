@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.telemetry import RequestTrace
+    from gateway.observability.tracing import RequestTrace
 
 
 @dataclass(slots=True)

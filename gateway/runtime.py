@@ -12,16 +12,16 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from gateway.auth import KeyRing
+from gateway.governance.static_keys import KeyRing
+from gateway.infra.shares import Shares
 from gateway.policy.loader import policy_fingerprint
 from gateway.policy.schema import Policy, Pool, Provider
 from gateway.providers.registry import make_adapter
+from gateway.providers.upstream import UpstreamClient
 from gateway.redact import Redactor, provider_secrets
 from gateway.resilience.breaker import BreakerRegistry, CircuitBreaker
 from gateway.routing.balancer import Balancer, BalancerSettings, make_balancer
 from gateway.routing.member import Member
-from gateway.shares import Shares
-from gateway.upstream import UpstreamClient
 
 log = logging.getLogger("gateway")
 
@@ -92,7 +92,7 @@ class Runtime:
     """Owns the current snapshot and applies new policies."""
 
     def __init__(self, policy: Policy, shares: Shares | None = None) -> None:
-        # This process's share of each member's max_inflight (gateway.shares); 1 of 1 by default.
+        # This process's share of each member's max_inflight (gateway.infra.shares); 1 of 1 by default.
         self.shares = shares if shares is not None else Shares()
         self._providers: dict[str, ProviderState] = {}
         self._retired: list[UpstreamClient] = []

@@ -13,7 +13,7 @@ import timeit
 
 import orjson
 
-from gateway.accept import accept
+from gateway.wire.request import accept
 
 BODIES: dict[str, bytes] = {
     "small": orjson.dumps({"model": "demo", "messages": [{"role": "user", "content": "Hi there"}]}),

@@ -1,4 +1,4 @@
-"""Cost of checking upstream answers on the hot path (gateway/validate.py, gateway/redact.py).
+"""Cost of checking upstream answers on the hot path (gateway/wire/answer_checks.py, gateway/redact.py).
 
 Run: PYTHONPATH=. python -m loadtests.answer_checks_cost [--iterations 20000]
 
@@ -19,8 +19,8 @@ from collections.abc import Callable
 import orjson
 
 from gateway.redact import Redactor, sanitize_message
-from gateway.sse import SSESplitter
-from gateway.validate import ResponseLimits, StreamCheck, check_unary
+from gateway.wire.answer_checks import ResponseLimits, StreamCheck, check_unary
+from gateway.wire.sse import SSESplitter
 
 SECRETS = [
     "sk-provider-a-0123456789abcdef",

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from gateway.tokens import count_text, estimate_prompt
+from gateway.wire.tokens import count_text, estimate_prompt
 
 _ENGLISH = [
     "The gateway forwards each request to the member with the lowest expected cost.",

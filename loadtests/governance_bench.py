@@ -144,13 +144,13 @@ def main() -> None:
 
 async def _in_process(redis_url: str, n: int) -> str:
     """The governance step alone (admit + record), µs per request, same Redis, same interleaving."""
-    from gateway.accept import accept
     from gateway.context import Context
-    from gateway.decide import decide
-    from gateway.pipeline import Pipeline
+    from gateway.infra.shared_state import SharedState
+    from gateway.pipeline.classify import decide
+    from gateway.pipeline.stack import Pipeline
     from gateway.policy.loader import parse_policy
     from gateway.runtime import Runtime
-    from gateway.state import SharedState
+    from gateway.wire.request import accept
 
     env = {"OVERHEAD_URL_A": "http://127.0.0.1:9/v1", "OVERHEAD_URL_B": "http://127.0.0.1:9/v1"}
     raw = b'{"model": "default", "messages": [{"role": "user", "content": "hi"}]}'

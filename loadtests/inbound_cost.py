@@ -43,7 +43,7 @@ from gateway.apis.messages import MessagesExchange, MessageStream
 from gateway.apis.response_store import ResponseStore
 from gateway.apis.responses import ResponseEvents, ResponsesExchange
 from gateway.context import Context
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
 from loadtests.simulator.testing import spawn_fleet
 
 WORDS = (
@@ -316,10 +316,10 @@ async def asgi_cpu(upstream: str, requests: int, rounds: int) -> dict[str, float
     """The gateway's CPU time per request (median over blocks), in this process: the app behind
     its real ASGI entry point, no HTTP server or client in the process (the upstream is another
     process), so `time.process_time` is the gateway's own work."""
-    from gateway.app import create_app
+    from gateway.http.app import create_app
+    from gateway.http.server import FastRoutes
+    from gateway.infra.shared_state import SharedState
     from gateway.policy.loader import parse_policy
-    from gateway.server import FastRoutes
-    from gateway.state import SharedState
 
     app = create_app(parse_policy(_policy(upstream)), SharedState(None))
     entry = FastRoutes(app)

@@ -241,9 +241,9 @@ def affinity(args: argparse.Namespace, wd: Path) -> dict[str, Any]:
 
 def classify(args: argparse.Namespace, wd: Path) -> dict[str, Any]:
     """p50 of token estimation (loadtests.classify_cost) and of the whole routing decision."""
-    from gateway.accept import accept
-    from gateway.decide import decide
+    from gateway.pipeline.classify import decide
     from gateway.policy.loader import load_policy
+    from gateway.wire.request import accept
     from loadtests.classify_cost import chat_body as cost_body
     from loadtests.classify_cost import measure
 

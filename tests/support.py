@@ -20,11 +20,11 @@ import httpx
 import jsonschema
 import uvicorn
 
-from gateway.app import create_app
-from gateway.http_protocol import GatewayHttpProtocol
+from gateway.http.app import create_app
+from gateway.http.protocol import GatewayHttpProtocol
+from gateway.http.server import FastRoutes
+from gateway.infra.shared_state import SharedState
 from gateway.policy.loader import parse_policy
-from gateway.server import FastRoutes
-from gateway.state import SharedState
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = Path(__file__).resolve().parent / "data" / "openai_schemas.json"

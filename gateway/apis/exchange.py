@@ -19,7 +19,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.context import Context
 from gateway.errors import GatewayError, internal_error
-from gateway.sse import SSESplitter, event_data
+from gateway.wire.sse import SSESplitter, event_data
 
 log = logging.getLogger("gateway.apis")
 _DROP = frozenset({"content-length", "content-type"})

@@ -25,7 +25,7 @@ from gateway.apis.exchange import (
 )
 from gateway.context import Context
 from gateway.errors import GatewayError, bad_request, model_not_found
-from gateway.tokens import encoding_for_model, estimate_prompt
+from gateway.wire.tokens import encoding_for_model, estimate_prompt
 
 NAME = "messages"
 # Anthropic's error type per status; other statuses are mapped onto these first (`_status`).

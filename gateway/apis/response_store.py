@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
 
 ID_PREFIX = "resp_"
 _HEX = frozenset("0123456789abcdef")

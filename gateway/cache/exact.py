@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
 
 # Fields that never change the generated answer.
 IGNORED_FIELDS = frozenset(

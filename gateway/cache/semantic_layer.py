@@ -68,7 +68,7 @@ class SemanticLayer:
             )
             return
         if self.redis_url:
-            from gateway.redis_client import make_redis
+            from gateway.infra.redis_client import make_redis
 
             self._redis = make_redis(
                 self.redis_url,

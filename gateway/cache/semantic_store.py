@@ -24,7 +24,7 @@ import orjson
 from redis.asyncio import Redis
 
 from gateway.cache.semantic_index import Entry
-from gateway.redis_client import is_cluster
+from gateway.infra.redis_client import is_cluster
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.admin import require_admin
 from gateway.errors import GatewayError, bad_request
 from gateway.governance.keys import KeyCreate, KeyRecord, KeyUpdate
 from gateway.governance.spend import GROUPS, NANO
+from gateway.http.admin import require_admin
 
 if TYPE_CHECKING:
     from gateway.governance.service import GovernanceService

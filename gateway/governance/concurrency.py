@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from gateway.governance.procs import Processes
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
 
 
 @dataclass(slots=True, eq=False)

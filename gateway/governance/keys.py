@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
 from gateway.governance.settings import Budget, Limits, Name
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
 
 log = logging.getLogger("gateway.governance")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from gateway.governance.concurrency import Concurrency, Slots
 from gateway.governance.limits import Bucket, Limiter
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
 
 # KEYS: the buckets, then (when slots are asked for) the heartbeat set and the slot hashes.
 # ARGV: bucket lease fraction, bucket TTL, number of buckets, process id, stale seconds, slot lease

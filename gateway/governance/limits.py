@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.governance.procs import Processes
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
 
 
 @dataclass(slots=True, eq=False)

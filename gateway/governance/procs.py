@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
 
 
 class Processes:

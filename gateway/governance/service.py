@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import orjson
 
-from gateway.auth import bearer_key, hash_key
 from gateway.errors import model_not_found, unauthorized
 from gateway.governance.answers import duration, over_budget, rate_limited
 from gateway.governance.concurrency import Concurrency, Slots
@@ -29,16 +28,17 @@ from gateway.governance.limits import Bucket, Limiter
 from gateway.governance.procs import Processes
 from gateway.governance.settings import Budget, Governance, Limits
 from gateway.governance.spend import NANO, SpendLedger, Usage, cost_nano, period_end
+from gateway.governance.static_keys import bearer_key, hash_key
 from gateway.governance.stats import GovStats
-from gateway.metrics import content_events, usage_tokens
-from gateway.sse import encode_event, event_data
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
+from gateway.observability.metrics import content_events, usage_tokens
+from gateway.wire.sse import encode_event, event_data
 
 if TYPE_CHECKING:
-    from gateway.accept import Accepted
     from gateway.context import Context
-    from gateway.decide import Decision
+    from gateway.pipeline.classify import Decision
     from gateway.runtime import Runtime, Snapshot
+    from gateway.wire.request import Accepted
 
 log = logging.getLogger("gateway.governance")
 _PERIODS = ("day", "week", "month")

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.state import SharedState
+from gateway.infra.shared_state import SharedState
 
 log = logging.getLogger("gateway.governance")
 NANO = 1_000_000_000

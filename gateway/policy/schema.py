@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from gateway.apis.response_store import StoredResponses
 from gateway.cache.exact import ExactSettings
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
-from gateway.classify import ClassRule
 from gateway.governance.settings import Governance
+from gateway.infra.replicas import ReplicaSettings
 from gateway.providers.settings import (
     AnthropicSettings,
     AzureSettings,
@@ -25,14 +25,14 @@ from gateway.providers.settings import (
     ProviderType,
     bedrock_problem,
 )
-from gateway.replicas import ReplicaSettings
 from gateway.resilience.admission import QueueSettings
 from gateway.resilience.breaker import BreakerSettings
 from gateway.resilience.hedge import HedgeSettings
 from gateway.resilience.retry import RetrySettings
 from gateway.routing.affinity import AffinitySettings
 from gateway.routing.balancer import BalancerSettings
-from gateway.validate import ResponseLimits
+from gateway.routing.class_rules import ClassRule
+from gateway.wire.answer_checks import ResponseLimits
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@+-]+$")]
 

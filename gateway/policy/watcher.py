@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from watchfiles import awatch
 
+from gateway.infra.shared_state import SharedState
 from gateway.policy.loader import (
     PolicyError,
     check_policy,
@@ -29,7 +30,6 @@ from gateway.policy.loader import (
     text_hash,
 )
 from gateway.policy.schema import Policy
-from gateway.state import SharedState
 
 log = logging.getLogger("gateway.policy")
 CHANNEL = "policy"

@@ -37,9 +37,9 @@ from gateway.providers.common import (
     wants_usage,
 )
 from gateway.providers.settings import AnthropicSettings
-from gateway.sse import SSESplitter, event_data
-from gateway.upstream import UpstreamFailure, _status_failure, parse_retry_after
-from gateway.validate import InvalidAnswer, first_event_complete
+from gateway.providers.upstream import UpstreamFailure, _status_failure, parse_retry_after
+from gateway.wire.answer_checks import InvalidAnswer, first_event_complete
+from gateway.wire.sse import SSESplitter, event_data
 
 PATH = "/v1/messages"
 STOP_REASONS = {

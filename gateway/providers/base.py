@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gateway.policy.schema import Provider
-from gateway.upstream import OpenAIWire, UpstreamFailure
+from gateway.providers.upstream import OpenAIWire, UpstreamFailure
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -61,7 +61,7 @@ class Adapter(OpenAIWire):
     # `request` paths are percent-encoded already (and signed as sent): not re-normalised.
     encoded_paths: ClassVar[bool] = False
 
-    # -- transport hooks (gateway.upstream.UpstreamClient): OpenAIWire's unless overridden --
+    # -- transport hooks (gateway.providers.upstream.UpstreamClient): OpenAIWire's unless overridden --
     # session_headers(), auth_headers(), failure(), is_stream(), first_event_complete()
 
     def secrets(self) -> list[str]:
@@ -69,7 +69,7 @@ class Adapter(OpenAIWire):
         the redactor wherever text could carry them."""
         return []
 
-    # -- mapping hooks (gateway.dispatch) -----------------------------------------------------
+    # -- mapping hooks (gateway.pipeline.failover) -----------------------------------------------------
 
     def supports(self, endpoint: str) -> bool:
         return endpoint in self.endpoints

@@ -38,8 +38,8 @@ from gateway.providers.bedrock_wire import (
     operation_path,
 )
 from gateway.providers.settings import BedrockSettings, bedrock_region
-from gateway.upstream import UpstreamFailure, forwardable_headers, parse_retry_after
-from gateway.validate import InvalidAnswer
+from gateway.providers.upstream import UpstreamFailure, forwardable_headers, parse_retry_after
+from gateway.wire.answer_checks import InvalidAnswer
 
 _PRELUDE = 12  # total length, headers length, prelude CRC
 

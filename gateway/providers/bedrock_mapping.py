@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from gateway.sse import DONE, encode_event
+from gateway.wire.sse import DONE, encode_event
 
 
 class TranslationError(ValueError):

@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from gateway.sse import DONE, encode_event
+from gateway.wire.sse import DONE, encode_event
 
 # A provider's words for a prompt longer than the model's window (Anthropic: "prompt is too
 # long: 210000 tokens > 200000 maximum", "input length and `max_tokens` exceed context limit";

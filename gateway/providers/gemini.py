@@ -24,8 +24,8 @@ from gateway.providers.gemini_mapping import (
     map_error,
 )
 from gateway.providers.settings import GeminiSettings
-from gateway.upstream import UpstreamFailure, forwardable_headers, parse_retry_after
-from gateway.validate import InvalidAnswer
+from gateway.providers.upstream import UpstreamFailure, forwardable_headers, parse_retry_after
+from gateway.wire.answer_checks import InvalidAnswer
 
 
 @register

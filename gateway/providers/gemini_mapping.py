@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from gateway.providers.common import ChunkWriter, error_body, is_context_overflow, usage
-from gateway.sse import SSESplitter, event_data
+from gateway.wire.sse import SSESplitter, event_data
 
 _DATA_URL = re.compile(
     r"^data:(image/(?:png|jpeg|jpg|gif|webp|heic|heif));base64,(.*)$", re.S | re.I

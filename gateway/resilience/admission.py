@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.shares import Shares
+from gateway.infra.shares import Shares
 
 
 class QueueSettings(BaseModel):

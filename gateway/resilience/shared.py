@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from gateway.redis_client import AnyRedis, make_redis
+from gateway.infra.redis_client import AnyRedis, make_redis
 from gateway.resilience.breaker import BreakerEvent, BreakerRegistry, BreakerState
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,374 @@
+"""The ASGI app: routes and error handlers only. Behaviour lives in the pipeline and its steps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import orjson
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import errors
+from gateway.apis import messages as messages_api
+from gateway.apis import responses as responses_api
+from gateway.apis.exchange import InboundAPI
+from gateway.apis.response_store import ResponseStore
+from gateway.cache.semantic_layer import SemanticLayer
+from gateway.context import Context
+from gateway.errors import GatewayError
+from gateway.governance.admin_api import governance_router
+from gateway.governance.metrics import GovernanceCollector
+from gateway.http.admin import (
+    AdminViews,
+    admin_router,
+    dashboard_router,
+    is_admin,
+    require_admin,
+)
+from gateway.http.drain import Drain
+from gateway.http.protocol import configure_connections
+from gateway.infra.shared_state import SharedState
+from gateway.infra.shares import Membership, Shares
+from gateway.observability import metrics
+from gateway.observability.health import Reachability
+from gateway.observability.logs import AccessLog
+from gateway.observability.metrics_workers import WorkerMetrics
+from gateway.observability.recent import RecentRequests
+from gateway.observability.tracing import Tracing
+from gateway.pipeline.explain import explain_http
+from gateway.pipeline.stack import Pipeline, read_body
+from gateway.policy.schema import Policy
+from gateway.policy.watcher import PolicyReloader, replica_id
+from gateway.resilience.degradation import Fallbacks
+from gateway.resilience.shared import SharedBreakers
+from gateway.runtime import Runtime
+
+log = logging.getLogger("gateway")
+_CREATED = int(time.time())
+
+
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _rules_path(policy: Policy, policy_path: str | None) -> Path | None:
+    rules = policy.degradation.rules
+    if rules is None:
+        return None
+    p = Path(rules)
+    if not p.is_absolute() and policy_path:
+        # Not resolve(): a ConfigMap volume's policy.yaml is a symlink into a timestamped folder,
+        # and the rules path is relative to where the policy is mounted, not to that folder.
+        p = Path(os.path.abspath(policy_path)).parent / p
+    return p
+
+
+def metrics_enabled() -> bool:
+    """GATEWAY_METRICS=0 turns off per-request metrics and the dashboard's traffic figures."""
+    return os.environ.get("GATEWAY_METRICS", "1").lower() not in ("0", "false", "no", "off")
+
+
+async def _deferred_length(fallbacks: Fallbacks) -> int:
+    """Requests waiting for replay (bounded wait: a scrape must not hang on Redis)."""
+    total = 0
+    for q in (fallbacks.queue, fallbacks.local_queue):
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(0.25):
+                total += await q.depth()
+    return total
+
+
+def create_app(
+    policy: Policy, state: SharedState | None = None, policy_path: str | None = None
+) -> FastAPI:
+    state = state if state is not None else SharedState.from_env()
+    # Each process's share of the policy's limits (gateway.infra.shares): learned through Redis.
+    shares = Shares.local() if policy.replicas.share_limits else Shares()
+    runtime = Runtime(policy, shares)
+    fallbacks = Fallbacks(
+        _rules_path(policy, policy_path), state.url, prefix=state.tagged_key("deferred")
+    )
+    semantic = SemanticLayer(policy.semantic_cache, state.url, state.prefix)
+    pipeline = Pipeline(runtime, state, fallbacks, semantic)
+    pipeline.dispatcher.admission.shares = shares
+
+    def shares_changed() -> None:
+        runtime.apply_shares()
+        pipeline.dispatcher.tune_budget(runtime.snapshot.policy.retry)
+
+    membership = (
+        Membership(state, shares, lambda: runtime.snapshot.policy.replicas, shares_changed)
+        if state.enabled and policy.replicas.share_limits
+        else None
+    )
+    shared_breakers = (
+        SharedBreakers(
+            runtime.breakers, state.url, channel=state.key("breakers"), replica_id=replica_id()
+        )
+        if state.url
+        else None
+    )
+    configure_connections(policy.server)
+
+    def apply(new: Policy) -> str:
+        version = runtime.apply_version(new)
+        configure_connections(new.server)
+        return version
+
+    reloader = PolicyReloader(policy_path, apply, state, replica_id())
+    # 7. Record: traces, metrics, the dashboard's last minute, the access log.
+    tracing = Tracing.from_env()
+    tracing.install(pipeline)
+    request_metrics = metrics.RequestMetrics(runtime) if metrics_enabled() else None
+    recent = RecentRequests() if metrics_enabled() else None
+    for observer in (request_metrics, recent, AccessLog.from_env()):
+        pipeline.observe(observer)
+    collector = metrics.GatewayCollector(request_metrics, runtime, pipeline, fallbacks, reloader)
+    registry = metrics.make_registry(collector)
+    governance = pipeline.governance
+    registry.register(GovernanceCollector(governance))
+    workers_metrics = WorkerMetrics.from_env(registry)  # several workers: one scrape for all
+    reachability = Reachability(runtime)
+    drain = Drain()
+    views = AdminViews(runtime, pipeline, reloader, recent, policy_path or "embedded")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if runtime.snapshot.keys.open:
+            log.warning(
+                "NO API KEYS CONFIGURED: the gateway is open to anyone who can reach it. "
+                "Add auth.keys to the policy or set GATEWAY_API_KEYS."
+            )
+        if state.enabled:
+            log.info("shared state: Redis enabled")
+            # Connect now: a Redis Cluster client learns the slot map on its first command, and
+            # a subscription made before that cannot find the channel's node.
+            await state.call(lambda r: r.ping(), None)
+        drain.install()
+        if membership is not None:
+            membership.start()
+        reloader.start()
+        reachability.start()
+        if workers_metrics is not None:
+            workers_metrics.start()
+        await governance.start(runtime.snapshot.policy.governance)
+        await fallbacks.start(pipeline.replay_send)
+        if any(m.cache.semantic.enabled for m in policy.models.values()):
+            await semantic.start()
+        if shared_breakers is not None:
+            await shared_breakers.start()
+        yield
+        drain.uninstall()
+        if workers_metrics is not None:
+            await workers_metrics.stop()
+        await governance.stop()
+        if shared_breakers is not None:
+            await shared_breakers.stop()
+        await fallbacks.stop()
+        await semantic.aclose()
+        await reloader.stop()
+        await reachability.stop()
+        if membership is not None:
+            await membership.stop()
+        await runtime.aclose()
+        await state.aclose()
+        pipeline.tracing.shutdown()
+
+    app = FastAPI(
+        title="LLM gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
+    # A trailing-slash redirect would build its Location from the client's Host header.
+    app.router.redirect_slashes = False
+    app.state.runtime = runtime
+    app.state.pipeline = pipeline
+    app.state.reloader = reloader
+    app.state.views = views
+    app.state.drain = drain
+    app.state.membership = membership
+    app.include_router(admin_router(views))
+    app.include_router(governance_router(governance, runtime))
+    app.include_router(dashboard_router())
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> Response:
+        return exc.to_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        return errors.bad_request(str(exc.errors()[:1])).to_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return errors.not_found("Unknown URL.", code="unknown_url").to_response()
+        if exc.status_code == 405:
+            return GatewayError(405, "Method not allowed.", code="method_not_allowed").to_response()
+        return GatewayError(exc.status_code, str(exc.detail)).to_response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> Response:
+        log.exception("unexpected error", exc_info=exc)
+        return errors.internal_error().to_response()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await pipeline.handle(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await pipeline.handle(request, "completions")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await pipeline.handle(request, "embeddings")
+
+    # Other inbound APIs: translated to chat, the same pipeline (gateway.apis).
+    stored = ResponseStore(state, lambda: runtime.snapshot.policy.responses)
+    inbound: dict[str, InboundAPI] = {
+        "/v1/messages": messages_api.MessagesAPI(),
+        "/v1/responses": responses_api.ResponsesAPI(stored),
+    }
+    app.state.inbound = inbound
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await pipeline.handle(request, "chat", inbound["/v1/responses"])
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str, request: Request) -> Response:
+        principal = await governance.authenticate(
+            runtime.snapshot, request.headers.get("authorization")
+        )
+        return _json(await responses_api.retrieve(stored, principal.tenant, response_id))
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str, request: Request) -> Response:
+        principal = await governance.authenticate(
+            runtime.snapshot, request.headers.get("authorization")
+        )
+        return _json(await responses_api.delete(stored, principal.tenant, response_id))
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await pipeline.handle(request, "chat", inbound["/v1/messages"])
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Response:
+        exchange = messages_api.MessagesExchange()
+        headers = {"x-gateway-token-count": "estimate (tiktoken)"}
+        try:
+            await governance.authenticate(runtime.snapshot, exchange.authorization(request.headers))
+            raw = await read_body(request, runtime.snapshot.policy.server.max_body_bytes)
+            doc = await messages_api.count_tokens(raw, runtime.snapshot.policy.models)
+            return Response(orjson.dumps(doc), media_type="application/json", headers=headers)
+        except GatewayError as e:
+            return await exchange.respond(e.to_response(headers), Context("", 0.0))
+
+    @app.post("/v1/gateway/explain")
+    async def explain(request: Request) -> Response:
+        """The routing decision for a request body, without sending it anywhere."""
+        return _json(await explain_http(request, runtime.snapshot, pipeline.dispatcher.router))
+
+    def _model_entry(name: str) -> dict[str, object]:
+        snap = runtime.snapshot
+        alias = snap.policy.models[name]
+        pools = {alias.pool, *alias.routes.values()}
+        members = {m for p in pools for m in snap.policy.pools[p].members}
+        simulated = bool(members) and all(snap.policy.providers[m].simulated for m in members)
+        entry: dict[str, object] = {
+            "id": name,
+            "object": "model",
+            "created": _CREATED,
+            "owned_by": alias.owned_by,
+        }
+        if simulated:
+            entry["owned_by"] = "llm-gateway (simulated providers)"
+        return entry
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        await governance.authenticate(runtime.snapshot, request.headers.get("authorization"))
+        return _json(
+            {"object": "list", "data": [_model_entry(n) for n in runtime.snapshot.policy.models]}
+        )
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> Response:
+        await governance.authenticate(runtime.snapshot, request.headers.get("authorization"))
+        if model_id not in runtime.snapshot.policy.models:
+            raise errors.model_not_found(model_id)
+        return _json(_model_entry(model_id))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return _json({"status": "ok"})
+
+    def operator(request: Request) -> bool:
+        """May this caller see per-provider and per-tenant detail (metrics, detailed /ready)?"""
+        return runtime.snapshot.policy.metrics.public or is_admin(request)
+
+    @app.get("/ready")
+    async def ready(request: Request) -> Response:
+        """Policy loaded and a provider reachable (cached probes and breakers: no network);
+        never while draining. The provider list only for the admin key, loopback or
+        `metrics.public`."""
+        ok, detail = reachability.report()
+        if drain.draining:
+            status = "draining"
+        elif membership is not None and not membership.settled:
+            # The other processes have not yet shrunk their shares of the limits for this one.
+            status = "joining"
+        else:
+            status = "ready" if ok else "not_ready"
+        body: dict[str, object] = {"status": status}
+        if operator(request):
+            body.update(detail)
+        return _json(body, 200 if status == "ready" else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics(request: Request) -> Response:
+        if not operator(request):
+            require_admin(request)  # raises the admin API's 401/403
+        collector.deferred_length = await _deferred_length(fallbacks)
+        if workers_metrics is not None:
+            return Response(workers_metrics.render(), media_type=metrics.CONTENT_TYPE)
+        return Response(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
+
+    @app.get("/v1/gateway/deferred/{request_id}")
+    async def deferred_result(request_id: str, request: Request) -> Response:
+        """The replayed answer of a request that a degradation rule queued."""
+        principal = await governance.authenticate(
+            runtime.snapshot, request.headers.get("authorization")
+        )
+        tenant = principal.tenant
+        doc = await fallbacks.result(request_id, tenant)
+        if doc is None:
+            raise errors.not_found("No deferred request with this id.", code="deferred_not_found")
+        return _json(doc)
+
+    @app.post("/admin/reload")
+    async def admin_reload(request: Request) -> Response:
+        require_admin(request)
+        version = await reloader.reload()
+        if version is None:
+            return _json(
+                {
+                    "reloaded": False,
+                    "errors": reloader.last_error,
+                    "version": runtime.snapshot.version,
+                },
+                400,
+            )
+        return _json({"reloaded": True, "version": version})
+
+    return app

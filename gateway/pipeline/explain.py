@@ -1,0 +1,183 @@
+"""Explain a routing decision without sending anything.
+
+`explain_offline` shows what the policy alone decides for a request body (tokens, class, alias,
+pools, prefix key, cacheability); `explain_live` adds what the running gateway would do now: the
+member it would pick (a dry-run pick: nothing is counted as in flight) and the live state of every
+member of the request's pools. Used by `POST /v1/gateway/explain` and `gateway explain`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+
+from gateway import errors
+from gateway.cache.exact import cacheable
+from gateway.pipeline.classify import PRIORITY_HEADER, Decision, decide
+from gateway.pipeline.router import Router
+from gateway.pipeline.stack import read_body
+from gateway.policy.schema import Policy
+from gateway.runtime import ProviderState, Snapshot
+from gateway.wire.request import Accepted, accept
+
+
+def infer_endpoint(body: object) -> str:
+    """Which API a body belongs to: chat (`messages`), completions (`prompt`) or embeddings."""
+    if isinstance(body, dict):
+        if "messages" in body:
+            return "chat"
+        if "prompt" in body:
+            return "completions"
+        if "input" in body:
+            return "embeddings"
+    return "chat"
+
+
+def _cache(acc: Accepted, decision: Decision, cache_control: str | None) -> dict[str, Any]:
+    settings = decision.alias.cache.exact
+    reason = None
+    if not settings.enabled:
+        reason = "exact cache disabled for this alias"
+    elif acc.endpoint != "embeddings" and not cacheable(acc.body, settings):
+        reason = "sampled request (temperature is not 0)"
+    elif cache_control and "no-store" in cache_control.lower():
+        reason = "cache-control: no-store"
+    return {
+        "exact": {
+            "enabled": settings.enabled,
+            "cacheable": reason is None,
+            "reason": reason,
+            "ttl_s": settings.ttl_s,
+        }
+    }
+
+
+def _static(
+    policy: Policy, acc: Accepted, decision: Decision, cache_control: str | None
+) -> dict[str, Any]:
+    return {
+        "endpoint": acc.endpoint,
+        "alias": acc.model,
+        "routed_alias": decision.alias_name,
+        "rerouted": decision.rerouted_from is not None,
+        "prompt_tokens": decision.prompt_tokens,
+        "expected_output_tokens": decision.expected_output_tokens,
+        "context_window": decision.alias.context_window,
+        "class": decision.request_class,
+        "pools": decision.chain,
+        "prefix_key": decision.prefix_key.hex() if decision.prefix_key is not None else None,
+        "affinity": decision.prefix_key is not None,
+        "stream": acc.stream,
+        "cache": _cache(acc, decision, cache_control),
+    }
+
+
+def explain_offline(
+    policy: Policy,
+    acc: Accepted,
+    tenant: str = "default",
+    priority: str | None = None,
+    cache_control: str | None = None,
+) -> dict[str, Any]:
+    """The policy's decision for a request, with each pool's configured members (no live state)."""
+    decision = decide(policy, acc, tenant, priority)
+    out = _static(policy, acc, decision, cache_control)
+    out["tenant"] = tenant
+    out["members"] = {
+        name: [
+            {
+                "name": m,
+                "weight": policy.providers[m].weight,
+                "max_inflight": policy.providers[m].max_inflight,
+            }
+            for m in policy.pools[name].members
+        ]
+        for name in decision.chain
+    }
+    out["strategies"] = {name: policy.pools[name].balancer.strategy for name in decision.chain}
+    return out
+
+
+def member_state(p: ProviderState, now: float) -> dict[str, Any]:
+    """What routing sees of one provider now."""
+    m = p.member
+    cost = m.cost(now)
+    return {
+        "name": p.name,
+        "available": p.available(),
+        "drained": p.drained,
+        "inflight": m.inflight,
+        "max_inflight": m.max_inflight,
+        "has_capacity": m.has_capacity(),
+        "weight": m.weight,
+        "ewma_ms": round(m.ewma.estimate(now) * 1000.0, 3),
+        "cost": None if math.isinf(cost) else round(cost, 6),
+        "observations": m.ewma.observations,
+        "failures": m.failures,
+        "last_error": m.last_error_kind,
+        "requests": p.requests,
+        "breaker": p.breaker.snapshot(),
+    }
+
+
+def explain_live(
+    snap: Snapshot,
+    router: Router,
+    acc: Accepted,
+    tenant: str,
+    priority: str | None = None,
+    cache_control: str | None = None,
+) -> dict[str, Any]:
+    """The decision plus the member the router would pick now and every pool member's state."""
+    decision = decide(snap.policy, acc, tenant, priority)
+    out = _static(snap.policy, acc, decision, cache_control)
+    out["tenant"] = tenant
+    out["policy_version"] = snap.version
+    pick = router.preview(snap, decision.chain, decision.prefix_key)
+    out["pick"] = (
+        None
+        if pick is None
+        else {"pool": pick.pool, "provider": pick.provider.name, "via": pick.via}
+    )
+    now = time.monotonic()
+    out["members"] = {
+        name: [member_state(snap.provider_of(m), now) for m in snap.pools[name].members]
+        for name in decision.chain
+    }
+    out["strategies"] = {name: snap.pools[name].config.balancer.strategy for name in decision.chain}
+    return out
+
+
+def accept_any(raw: bytes, endpoint: str | None = None, **limits: int) -> Accepted:
+    """Parse a chat or completions body (endpoint inferred from its fields unless given)."""
+    if endpoint is None:
+        try:
+            endpoint = infer_endpoint(orjson.loads(raw))
+        except orjson.JSONDecodeError:
+            endpoint = "chat"  # accept() answers with the proper invalid-JSON error
+    if endpoint not in ("chat", "completions", "embeddings"):
+        raise errors.bad_request(f"Unknown endpoint '{endpoint}'.", param="endpoint")
+    return accept(raw, endpoint, **limits)  # type: ignore[arg-type]
+
+
+async def explain_http(request: Request, snap: Snapshot, router: Router) -> dict[str, Any]:
+    """`POST /v1/gateway/explain`: authenticate as usual, decide, show; nothing is sent."""
+    tenant = snap.keys.tenant_for(request.headers.get("authorization"))
+    raw = await read_body(request, snap.policy.server.max_body_bytes)
+    server = snap.policy.server
+    acc = accept_any(
+        raw,
+        request.query_params.get("endpoint"),
+        max_n=server.max_n,
+        max_depth=server.max_json_depth,
+    )
+    if acc.model not in snap.policy.models:
+        raise errors.model_not_found(acc.model)
+    headers = request.headers
+    return explain_live(
+        snap, router, acc, tenant, headers.get(PRIORITY_HEADER), headers.get("cache-control")
+    )

@@ -1,0 +1,170 @@
+"""When nothing can answer: degradation rules, and the deferred queue that replays requests later.
+
+Without a rules folder in the policy, exhaustion is an honest OpenAI-shaped 502/503/504 (or a 429
+when shed). With one, the first matching rule answers (marked `x-gateway-degraded`), streamed when
+the request streamed, and may queue the request for replay once providers recover; the client
+fetches the replayed answer by request id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import orjson
+from starlette.responses import Response
+
+from gateway.context import Context
+from gateway.errors import GatewayError
+from gateway.infra.redis_client import make_redis
+from gateway.resilience.deferred import (
+    MemoryReplayQueue,
+    QueueFull,
+    ReplayEntry,
+    ReplayQueue,
+    ReplaySettings,
+    ReplayWorker,
+    make_replay_queue,
+)
+from gateway.resilience.degrade_rules import DegradeContext, RuleStore, last_user_text, render
+from gateway.wire.request import Accepted
+
+log = logging.getLogger("gateway.fallback")
+SendFn = Callable[[ReplayEntry], Awaitable[tuple[int, bytes]]]
+
+
+class Fallbacks:
+    def __init__(
+        self, rules_path: Path | None, redis_url: str | None, *, prefix: str = "gateway"
+    ) -> None:
+        self.rules = RuleStore(rules_path) if rules_path is not None else None
+        client = (
+            make_redis(redis_url, socket_connect_timeout=0.5, socket_timeout=5.0)
+            if redis_url
+            else None
+        )
+        self._client = client
+        # The replicas of one deployment share the queue; other deployments use another prefix.
+        self.queue: ReplayQueue = make_replay_queue(client, ReplaySettings(prefix=prefix))
+        self.local_queue = MemoryReplayQueue()  # when Redis is down at enqueue time
+        self.workers: list[ReplayWorker] = []
+        self.degraded = 0
+        self.queued = 0
+        self._queue_down = False
+
+    async def start(self, send: SendFn) -> None:
+        if self.rules is None:
+            return
+        await self.rules.start()
+        for q in {id(self.queue): self.queue, id(self.local_queue): self.local_queue}.values():
+            worker = ReplayWorker(q, send)
+            await worker.start()
+            self.workers.append(worker)
+
+    async def stop(self) -> None:
+        for w in self.workers:
+            await w.stop()
+        if self.rules is not None:
+            await self.rules.stop()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def degrade(self, err: GatewayError, acc: Accepted, raw: bytes, ctx: Context) -> Response:
+        """The rule's answer for a request nothing could serve (or `err` itself without rules)."""
+        if self.rules is None or acc.endpoint != "chat":
+            return err.to_response(ctx.headers())
+        text = last_user_text(acc.body.get("messages"))
+        rule = self.rules.match(ctx.alias, ctx.request_class, ctx.tenant, text)
+        retry_after = err.headers.get("retry-after")
+        if getattr(rule, "queue", False):
+            # The id the client fetches the answer with: generated here, unguessable, and bound
+            # to the tenant (never the client's own x-request-id, which another tenant could pick).
+            ctx.deferred_id = new_deferred_id()
+        dctx = DegradeContext(
+            ctx.alias,
+            ctx.deferred_id or ctx.request_id,
+            ctx.tenant,
+            ctx.request_class,
+            float(retry_after) if retry_after else None,
+        )
+        include_usage = bool((acc.body.get("stream_options") or {}).get("include_usage"))
+        resp = render(rule, dctx, acc.stream, include_usage)
+        ctx.degraded = True
+        self.degraded += 1
+        headers = {
+            **ctx.headers(),
+            **resp.headers,
+            "x-gateway-degraded": "true",
+            "x-gateway-rule": rule.name,
+        }
+        if resp.queue:
+            if await self._enqueue(acc, raw, ctx):
+                headers["x-gateway-deferred"] = ctx.deferred_id or ""
+            else:
+                return GatewayError(
+                    503,
+                    "The gateway is degraded and its deferred queue is full.",
+                    type="upstream_error",
+                    code="deferred_queue_full",
+                    headers={"retry-after": "30"},
+                ).to_response(ctx.headers())
+        media = headers.pop("content-type", "application/json")
+        body = resp.body if resp.body is not None else b"".join(resp.chunks)
+        return Response(body, status_code=resp.status, headers=headers, media_type=media)
+
+    async def _enqueue(self, acc: Accepted, raw: bytes, ctx: Context) -> bool:
+        body = raw
+        if acc.stream:
+            plain = {k: v for k, v in acc.body.items() if k not in ("stream", "stream_options")}
+            body = orjson.dumps(plain)
+        for q in (self.queue, self.local_queue):
+            try:
+                deferred_id = ctx.deferred_id or new_deferred_id()
+                await q.enqueue(deferred_id, ctx.tenant, ctx.alias, body, key_id=ctx.key_id)
+            except QueueFull:
+                return False
+            except Exception as e:  # noqa: BLE001 - Redis down: keep it in this process instead
+                if not self._queue_down:  # once per outage, not once per request
+                    self._queue_down = True
+                    log.warning(
+                        "deferred queue unavailable (%s); keeping requests in this process",
+                        type(e).__name__,
+                    )
+                continue
+            if q is self.queue and self._queue_down:
+                self._queue_down = False
+                log.warning("deferred queue reachable again")
+            self.queued += 1
+            return True
+        return False
+
+    async def result(self, deferred_id: str, tenant: str) -> dict | None:
+        """The deferred request's state, only for the tenant that sent it (else None: not found)."""
+        if not valid_deferred_id(deferred_id):
+            return None
+        for q in (self.queue, self.local_queue):
+            try:
+                doc = await q.get_result(deferred_id)
+            except Exception:  # noqa: BLE001 - Redis down: look locally
+                continue
+            if doc is not None and doc.get("tenant") == tenant:
+                return doc
+        return None
+
+
+DEFERRED_PREFIX = "dfr_"
+
+
+def new_deferred_id() -> str:
+    return DEFERRED_PREFIX + os.urandom(16).hex()
+
+
+def valid_deferred_id(value: str) -> bool:
+    rest = value[len(DEFERRED_PREFIX) :]
+    return (
+        value.startswith(DEFERRED_PREFIX)
+        and len(rest) == 32
+        and all(c in "0123456789abcdef" for c in rest)
+    )

@@ -1,0 +1,74 @@
+"""An unexpected exception inside an attempt is that attempt's failure: retried on another
+member, fed to the breaker and the balancer, recorded; never a 500."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from loadtests.simulator.testing import Fleet
+from tests.resilience.test_resilience_helpers import (  # noqa: F401 - fixtures
+    Gateway,
+    fleet_of,
+    healthy_fleet,
+    start_gateway,
+)
+
+fleet = fleet_of("a", "b")
+
+
+def policy(fleet: Fleet) -> str:
+    return f"""
+providers:
+  a: {{base_url: '{fleet.url("a")}'}}
+  b: {{base_url: '{fleet.url("b")}'}}
+pools:
+  main: {{members: [a, b], balancer: {{strategy: round_robin}}}}
+models:
+  chat: {{pool: main}}
+retry: {{base_backoff_ms: 0, max_backoff_ms: 0}}
+"""
+
+
+def boom(*_: Any, **__: Any) -> Any:
+    raise RuntimeError("Session is closed")
+
+
+def test_exception_in_an_attempt_is_retried_never_a_500(
+    fleet: Fleet,
+    start_gateway: Callable[..., Gateway],  # noqa: F811
+) -> None:
+    gw = start_gateway(policy(fleet))
+    a = gw.runtime.snapshot.providers["a"]
+    a.client.send = boom
+    a.client.open_stream = boom
+    for stream in (False, True, False, True):
+        r = gw.chat(stream=stream)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-gateway-provider"] == "b"
+        if stream:
+            assert r.text.rstrip().endswith("data: [DONE]")
+    failed = [c for c in gw.seen if c.failures]
+    assert failed and all(c.failures == ["a:attempt_error"] for c in failed)
+    assert len(gw.seen) == 4  # each request recorded once
+    assert a.member.failures == len(failed)
+    assert a.member.failure_share() > 0
+    assert a.breaker.snapshot()["window_failures"] == len(failed)
+
+
+def test_exception_on_every_member_is_a_clean_502(
+    fleet: Fleet,
+    start_gateway: Callable[..., Gateway],  # noqa: F811
+) -> None:
+    gw = start_gateway(policy(fleet))
+    for p in gw.runtime.snapshot.providers.values():
+        p.client.send = boom
+    r = httpx.post(
+        gw.base_url + "/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=10,
+    )
+    assert r.status_code == 502
+    assert r.json()["error"]["code"] == "upstream_error"
