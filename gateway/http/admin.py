@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from gateway.runtime import ProviderState, Runtime
 
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
-STATIC = Path(__file__).resolve().parent / "static"
+STATIC = Path(__file__).resolve().parents[1] / "static"
 _STATIC_FILES = {
     "dashboard.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
