@@ -71,27 +71,31 @@ def serve(
     # Per-request library logs would cost time on the hot path and name upstream URLs.
     for noisy in ("httpx", "httpcore", "aiohttp", "watchfiles"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    fleet = None
-    llamas: list[Any] = []  # local llama.cpp servers (--real-local)
+    from gateway.children import ChildError
+
+    children: list[Any] = []  # the simulated fleet (demo) or the llama.cpp servers (--real-local)
     if real_local:
-        from loadtests.llama import LlamaError
-        from loadtests.llama.local import start_real_local
+        from gateway.demo import start_real_local
 
         try:
-            llamas, local_policy = start_real_local()
-        except LlamaError as e:
+            servers, local_policy = start_real_local()
+        except ChildError as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(2) from None
+        children.append(servers)
         policy = policy or local_policy
         log.warning(
-            "Serving %s over local llama.cpp servers: %s",
-            policy,
-            ", ".join(i.url for i in llamas),
+            "Serving %s over local llama.cpp servers: %s", policy, ", ".join(servers.urls())
         )
     if policy is None:
         from gateway.demo import start_demo
 
-        fleet, policy = start_demo()
+        try:
+            fleet, policy = start_demo()
+        except ChildError as e:
+            typer.echo(f"cannot start the built-in demo: {e}", err=True)
+            raise typer.Exit(2) from None
+        children.append(fleet)
         log.warning(
             "No policy given: serving the built-in demo over SIMULATED providers (%s).", policy
         )
@@ -132,12 +136,8 @@ def serve(
             import shutil
 
             shutil.rmtree(metrics_tmp, ignore_errors=True)
-        if fleet is not None:
-            fleet.close()
-        if llamas:
-            from loadtests.llama import stop_all
-
-            stop_all(llamas)
+        for child in children:
+            child.close()
 
 
 def _metrics_dir(workers: int) -> Path | None:

@@ -21,8 +21,8 @@ from pathlib import Path
 import aiohttp
 
 from loadtests.bench.stats import summarize
+from loadtests.processes import gateway_process
 from loadtests.simulator.testing import spawn_fleet
-from tests.support import gateway_process
 
 WORDS = ["how do tides work", "why is the sky blue", "what is a prime number", "who wrote hamlet"]
 POLICY = """

@@ -15,8 +15,11 @@ system prompt.
 
 The servers run with ``cache_ram_mib=0``: llama.cpp otherwise restores evicted prompts from a
 host-RAM copy, which hides what routing does to the slots' own KV caches (as on a GPU server
-without host offload). The system prompts are chosen so the affinity hash places half of them
-on each server; the first lines of the output show the placement.
+without host offload). The system prompts are chosen so that the affinity contender places half
+of them on each server: the placement is learnt from the gateway itself (its
+``x-gateway-provider`` header for one request per prompt, the affinity policy served over one
+probe server under both names), not computed with the gateway's own hash. The first lines of
+the output show it.
 """
 
 from __future__ import annotations
@@ -38,8 +41,6 @@ import httpx
 import orjson
 import yaml
 
-from gateway.routing.affinity import affinity_order, prefix_key
-from gateway.routing.member import Member
 from loadtests.bench.schedule import poisson_times
 from loadtests.bench.stats import summarize
 from loadtests.llama.launcher import LlamaInstance, start_instances, stop_all
@@ -92,26 +93,52 @@ def _count(c: httpx.Client, inst: LlamaInstance, text: str) -> int:
     return len(c.post(f"{inst.base_url}/tokenize", json={"content": text}).json()["tokens"])
 
 
-def _owner(system: str) -> str:
-    key = prefix_key({"messages": [{"role": "system", "content": system}, {"role": "user"}]})
-    assert key is not None
-    return affinity_order(key, [Member(n) for n in NAMES])[0].name
+def _owner(gw: httpx.Client, system: str) -> str:
+    """The member the gateway picks for this system prompt (idle gateway: the affinity owner)."""
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}],
+        "temperature": 0,
+        "max_tokens": 1,
+    }
+    r = gw.post("/chat/completions", json=body)
+    r.raise_for_status()
+    owner = r.headers.get("x-gateway-provider", "")
+    if owner not in NAMES:
+        raise RuntimeError(f"the gateway named no known provider: {owner!r}")
+    return owner
 
 
-def build_prompts(inst: LlamaInstance, n: int, tokens: int) -> list[tuple[str, int, str]]:
-    """``n`` system prompts, half owned by each server: (text, tokens, owner)."""
+def build_prompts(
+    inst: LlamaInstance, n: int, tokens: int, folder: Path
+) -> list[tuple[str, int, str]]:
+    """``n`` system prompts, half owned by each server: (text, tokens, owner).
+
+    The owner is what the affinity contender's gateway answers with, asked once per prompt while
+    idle; both of its providers point at ``inst`` (routing looks at names, not at URLs).
+    """
     per_owner = {name: 0 for name in NAMES}
     out: list[tuple[str, int, str]] = []
-    with httpx.Client(timeout=30) as c:
-        for i in range(200):
-            text = system_prompt(c, inst, f"product line {i}", tokens)
-            owner = _owner(text)
-            if per_owner[owner] >= (n + 1) // 2:
-                continue
-            per_owner[owner] += 1
-            out.append((text, _count(c, inst, text), owner))
-            if len(out) == n:
-                return out
+    policy = write_policy(folder, "placement", CONTENDERS["affinity + P2C"])
+    port = 18_000 + random.randrange(2000)
+    proc = start_gateway(policy, [inst.url, inst.url], port)
+    try:
+        with (
+            httpx.Client(timeout=30) as c,
+            httpx.Client(base_url=f"http://127.0.0.1:{port}/v1", timeout=60) as gw,
+        ):
+            for i in range(200):
+                text = system_prompt(c, inst, f"product line {i}", tokens)
+                owner = _owner(gw, text)
+                if per_owner[owner] >= (n + 1) // 2:
+                    continue
+                per_owner[owner] += 1
+                out.append((text, _count(c, inst, text), owner))
+                if len(out) == n:
+                    return out
+    finally:
+        proc.terminate()
+        proc.wait(10)
     raise RuntimeError("could not place the prompts evenly")
 
 
@@ -261,21 +288,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = ap.parse_args(argv)
 
-    probe = start_instances(1, threads=1, slots=1, ctx_size=2048)
-    try:
-        prompts = build_prompts(probe[0], args.prompts, args.prefix_tokens)
-    finally:
-        stop_all(probe)
-    for i, (_, n, owner) in enumerate(prompts):
-        print(f"system prompt {i}: {n} tokens, affinity owner {owner}", flush=True)
-    rng = random.Random(args.seed)
-    times = poisson_times(args.rate, count=args.requests, seed=args.seed)
-    workload = []
-    for k, at in enumerate(times):
-        text, n, _ = prompts[rng.randrange(len(prompts))]
-        workload.append((at, text, n, f"Question {k}: {QUESTIONS[k % len(QUESTIONS)]}"))
     rows = []
     with tempfile.TemporaryDirectory(prefix="llama-bench-") as folder:
+        probe = start_instances(1, threads=1, slots=1, ctx_size=2048)
+        try:
+            prompts = build_prompts(probe[0], args.prompts, args.prefix_tokens, Path(folder))
+        finally:
+            stop_all(probe)
+        for i, (_, n, owner) in enumerate(prompts):
+            print(f"system prompt {i}: {n} tokens, affinity owner {owner}", flush=True)
+        rng = random.Random(args.seed)
+        times = poisson_times(args.rate, count=args.requests, seed=args.seed)
+        workload = []
+        for k, at in enumerate(times):
+            text, n, _ = prompts[rng.randrange(len(prompts))]
+            workload.append((at, text, n, f"Question {k}: {QUESTIONS[k % len(QUESTIONS)]}"))
         for name in args.contenders.split(","):
             edits = CONTENDERS[name]
             row = run_contender(name, edits, workload, Path(folder))

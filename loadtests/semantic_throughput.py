@@ -35,8 +35,8 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from loadtests.processes import gateway_process
 from loadtests.simulator.testing import spawn_fleet
-from tests.support import gateway_process
 
 POLICY = """
 providers:

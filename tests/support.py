@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jsonschema
 import uvicorn
 
@@ -25,6 +19,11 @@ from gateway.http.protocol import GatewayHttpProtocol
 from gateway.http.server import FastRoutes
 from gateway.infra.shared_state import SharedState
 from gateway.policy.loader import parse_policy
+
+# Shared with the load tests (which never import tests/).
+from loadtests.processes import free_port as free_port
+from loadtests.processes import gateway_process as gateway_process
+from loadtests.processes import wait_http as wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMAS = Path(__file__).resolve().parent / "data" / "openai_schemas.json"
@@ -66,12 +65,6 @@ def validate_sse(body: bytes | str) -> list[dict[str, Any]]:
         chunks.append(chunk)
     assert done, "stream did not end with [DONE]"
     return chunks
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class GatewayServer:
@@ -116,58 +109,6 @@ class GatewayServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-
-
-@contextlib.contextmanager
-def gateway_process(
-    policy_path: Path, *, env: dict[str, str] | None = None, workers: int = 1
-) -> Iterator[str]:
-    """`gateway serve` as a separate process (what users run). Yields its base URL (…/v1)."""
-    port = free_port()
-    proc_env = {**os.environ, **(env or {})}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--policy",
-            str(policy_path),
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-        ],
-        env=proc_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            raise RuntimeError(f"process exited early:\n{out}")
-        try:
-            if httpx.get(url, timeout=0.5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer in {timeout}s")
 
 
 def run(coro: Any) -> Any:

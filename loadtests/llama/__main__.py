@@ -2,16 +2,24 @@
 
 They run until Ctrl-C or SIGTERM. An instance that dies (say, killed by hand to simulate a
 crash) is reported and the others keep serving.
+
+``--ready-line`` prints ``LLAMA-READY {"instances": {name: url, ...}}`` once all serve, and
+``--exit-on-stdin-eof`` stops them when stdin closes: how ``gateway serve --real-local`` runs them
+as a child process.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
 import sys
 import threading
 
 from loadtests.llama.launcher import LlamaError, start_instances, stop_all
+
+READY_PREFIX = "LLAMA-READY "  # then JSON with the servers' URLs (--ready-line)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,11 +33,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--alias", default="smollm2", help="model name the servers report")
     ap.add_argument("--no-prompt-cache", action="store_true", help="disable KV prefix reuse")
+    ap.add_argument(
+        "--ready-line",
+        action="store_true",
+        help=f"print {READY_PREFIX.strip()} and the URLs as JSON once all serve",
+    )
+    ap.add_argument(
+        "--exit-on-stdin-eof", action="store_true", help="stop when stdin closes (parent gone)"
+    )
     args = ap.parse_args(argv)
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if args.exit_on_stdin_eof:
+
+        def watch() -> None:
+            while os.read(0, 4096):  # b"" at EOF: the parent closed the pipe or died
+                pass  # (os.read, not sys.stdin: no buffer lock left held at exit)
+            stop.set()
+
+        threading.Thread(target=watch, daemon=True).start()
     try:
         instances = start_instances(
             args.n,
@@ -48,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{inst.name}: {inst.url} (pid {inst.pid}, ready in {inst.startup_s:.2f} s)", flush=True
         )
     print("Ctrl-C or SIGTERM stops them.", flush=True)
+    if args.ready_line:
+        ready = {"instances": {inst.name: inst.url for inst in instances}}
+        print(READY_PREFIX + json.dumps(ready), flush=True)
     try:
         reported: set[str] = set()
         while not stop.wait(1.0):

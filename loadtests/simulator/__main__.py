@@ -4,7 +4,9 @@
     python -m loadtests.simulator fleet --file loadtests/fleet.yaml
     python -m loadtests.simulator profiles
 
-Ctrl-C or SIGTERM stops cleanly.
+Ctrl-C or SIGTERM stops cleanly. As a child process (spawn_fleet, the gateway's built-in demo):
+``fleet --specs-json JSON --admin-port 0 --ready-line --exit-on-stdin-eof`` prints
+``SIM-READY {"admin": URL, "instances": {name: URL}}`` once serving and stops when stdin closes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -59,8 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--file", type=Path)
     src.add_argument("--specs-json", help="instances as a JSON list (used by spawn_fleet)")
     f.add_argument("--admin-port", type=int, default=None, help="overrides the file's admin_port")
-    f.add_argument("--ready-line", action="store_true", help=argparse.SUPPRESS)
-    f.add_argument("--exit-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)
+    f.add_argument(
+        "--ready-line",
+        action="store_true",
+        help=f"print {READY_PREFIX.strip()} and the admin and instance URLs as JSON once serving",
+    )
+    f.add_argument(
+        "--exit-on-stdin-eof", action="store_true", help="stop when stdin closes (parent gone)"
+    )
     for q in (s, f):
         q.add_argument("--profiles-file", type=Path, default=None)
     sub.add_parser("profiles", help="list the profiles")
@@ -109,7 +118,8 @@ async def _run(server: FleetServer, args: argparse.Namespace) -> None:
     if getattr(args, "exit_on_stdin_eof", False):
 
         def watch() -> None:
-            sys.stdin.buffer.read()  # returns at EOF: the parent closed the pipe or died
+            while os.read(0, 4096):  # b"" at EOF: the parent closed the pipe or died
+                pass  # (os.read, not sys.stdin: no buffer lock left held at exit)
             loop.call_soon_threadsafe(stop.set)
 
         threading.Thread(target=watch, daemon=True).start()

@@ -11,7 +11,7 @@ from .http import Connection, listen
 from .profiles import InstanceSpec, resolve_profile
 from .server import Instance
 
-READY_PREFIX = "SIM-READY "  # the line spawn_fleet waits for, then JSON with the URLs
+READY_PREFIX = "SIM-READY "  # the line spawn_fleet and the gateway demo wait for, then JSON
 
 
 class FleetServer:

@@ -1,0 +1,76 @@
+"""`gateway serve` as a separate process, the way users run it, for instruments and tests.
+
+Started through its command line (``python -m gateway.cli serve``), never imported: what is
+measured is the installed gateway, not code shared with the instrument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gateway_process(
+    policy_path: Path, *, env: dict[str, str] | None = None, workers: int = 1
+) -> Iterator[str]:
+    """`gateway serve` as a separate process (what users run). Yields its base URL (…/v1)."""
+    port = free_port()
+    proc_env = {**os.environ, **(env or {})}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--policy",
+            str(policy_path),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ],
+        env=proc_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            raise RuntimeError(f"process exited early:\n{out}")
+        try:
+            if httpx.get(url, timeout=0.5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer in {timeout}s")
