@@ -29,16 +29,15 @@ from typing import Any
 
 import orjson
 
+from gateway.providers.common import (
+    TranslationError,
+    add_turn,
+    chat_messages,
+    function_tools,
+    require_turns,
+    unsupported_role,
+)
 from gateway.wire.sse import DONE, encode_event
-
-
-class TranslationError(ValueError):
-    """A chat request that has no Converse equivalent; `param` names the offending field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
 
 # ---------------------------------------------------------------------------- requests
 
@@ -126,16 +125,10 @@ def _messages(
     messages: Any,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
     """(system blocks, Converse messages, whether any tool block is present)."""
-    if not isinstance(messages, list) or not messages:
-        raise TranslationError("messages must be a non-empty list", "messages")
     system: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
     has_tools = False
-    for i, msg in enumerate(messages):
-        param = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise TranslationError(f"{param} must be an object", param)
-        role = msg.get("role")
+    for param, role, msg in chat_messages(messages):
         if role in ("system", "developer"):
             text = _text_of(msg.get("content"), f"{param}.content")
             if text.strip():  # Converse refuses blank system text
@@ -160,16 +153,9 @@ def _messages(
             conv_role, blocks = "user", [_tool_result_block(msg, param)]
             has_tools = True
         else:
-            raise TranslationError(f"{param}: role {role!r} is not supported", f"{param}.role")
-        if not blocks:
-            continue
-        if out and out[-1]["role"] == conv_role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": conv_role, "content": blocks})
-    if not out:
-        raise TranslationError("messages hold no user or assistant content", "messages")
-    return system, out, has_tools
+            raise unsupported_role(param, role)
+        add_turn(out, conv_role, "content", blocks)
+    return system, require_turns(out), has_tools
 
 
 def _tool_config(body: Mapping[str, Any], history_has_tools: bool) -> dict[str, Any] | None:
@@ -177,13 +163,8 @@ def _tool_config(body: Mapping[str, Any], history_has_tools: bool) -> dict[str, 
     choice = body.get("tool_choice")
     if not tools:
         return None
-    if not isinstance(tools, list):
-        raise TranslationError("tools must be a list", "tools")
     specs = []
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type", "function") != "function" or not isinstance(fn, dict):
-            raise TranslationError(f"tools[{i}]: only function tools are supported", "tools")
+    for fn in function_tools(tools):
         spec: dict[str, Any] = {
             "name": fn.get("name"),
             "inputSchema": {"json": fn.get("parameters") or {"type": "object", "properties": {}}},

@@ -1,8 +1,10 @@
-"""OpenAI shapes that mapping adapters build: chunks, completions, usage, error bodies."""
+"""OpenAI shapes that mapping adapters build (chunks, completions, usage, error bodies) and what
+they share when reading a chat request (messages, turns, function tools)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -16,6 +18,59 @@ _CONTEXT_OVERFLOW = re.compile(
     r"(?i)prompt is too long|exceed(s|ed)? (the )?context (limit|window)|context window|"
     r"input is too long|too many (input )?tokens"
 )
+
+
+class TranslationError(ValueError):
+    """A chat request that the provider's API cannot express; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def chat_messages(messages: Any) -> Iterator[tuple[str, Any, dict[str, Any]]]:
+    """(param, role, message) for each message of a chat request, each checked to be an object."""
+    if not isinstance(messages, list) or not messages:
+        raise TranslationError("messages must be a non-empty list", "messages")
+    for i, msg in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise TranslationError(f"{param} must be an object", param)
+        yield param, msg.get("role"), msg
+
+
+def unsupported_role(param: str, role: Any) -> TranslationError:
+    return TranslationError(f"{param}: role {role!r} is not supported", f"{param}.role")
+
+
+def add_turn(turns: list[dict[str, Any]], role: str, key: str, items: list[Any]) -> None:
+    """Append a turn holding `items` under `key`; consecutive turns of one role become one (the
+    providers want user and assistant turns to alternate). No items: no turn."""
+    if not items:
+        return
+    if turns and turns[-1]["role"] == role:
+        turns[-1][key].extend(items)
+    else:
+        turns.append({"role": role, key: items})
+
+
+def require_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not turns:
+        raise TranslationError("messages hold no user or assistant content", "messages")
+    return turns
+
+
+def function_tools(tools: Any) -> list[dict[str, Any]]:
+    """The `function` objects of a request's `tools` (only function tools can be mapped)."""
+    if not isinstance(tools, list):
+        raise TranslationError("tools must be a list", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or tool.get("type", "function") != "function":
+            raise TranslationError(f"tools[{i}]: only function tools are supported", "tools")
+        out.append(fn)
+    return out
 
 
 def is_context_overflow(message: str) -> bool:

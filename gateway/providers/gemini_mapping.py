@@ -30,20 +30,23 @@ from typing import Any
 
 import orjson
 
-from gateway.providers.common import ChunkWriter, error_body, is_context_overflow, usage
+from gateway.providers.common import (
+    ChunkWriter,
+    TranslationError,
+    add_turn,
+    chat_messages,
+    error_body,
+    function_tools,
+    is_context_overflow,
+    require_turns,
+    unsupported_role,
+    usage,
+)
 from gateway.wire.sse import SSESplitter, event_data
 
 _DATA_URL = re.compile(
     r"^data:(image/(?:png|jpeg|jpg|gif|webp|heic|heif));base64,(.*)$", re.S | re.I
 )
-
-
-class TranslationError(ValueError):
-    """A chat request that has no generateContent equivalent; `param` names the field."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class BadAnswer(ValueError):
@@ -115,16 +118,10 @@ def _args(raw: Any, param: str) -> dict[str, Any]:
 
 def _contents(messages: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(system parts, contents)."""
-    if not isinstance(messages, list) or not messages:
-        raise TranslationError("messages must be a non-empty list", "messages")
     system: list[dict[str, Any]] = []
     contents: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}  # tool call id -> function name
-    for i, msg in enumerate(messages):
-        param = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise TranslationError(f"{param} must be an object", param)
-        role = msg.get("role")
+    for param, role, msg in chat_messages(messages):
         if role in ("system", "developer"):
             text = _text(msg.get("content"), f"{param}.content")
             if text:
@@ -153,29 +150,17 @@ def _contents(messages: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
             g_role = "user"
             parts = [{"functionResponse": {"name": name, "response": {"content": text}}}]
         else:
-            raise TranslationError(f"{param}: role {role!r} is not supported", f"{param}.role")
-        if not parts:
-            continue
-        if contents and contents[-1]["role"] == g_role:
-            contents[-1]["parts"].extend(parts)
-        else:
-            contents.append({"role": g_role, "parts": parts})
-    if not contents:
-        raise TranslationError("messages hold no user or assistant content", "messages")
-    return system, contents
+            raise unsupported_role(param, role)
+        add_turn(contents, g_role, "parts", parts)
+    return system, require_turns(contents)
 
 
 def _tools(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]] | None, dict[str, Any] | None]:
     tools = body.get("tools")
     if not tools:
         return None, None
-    if not isinstance(tools, list):
-        raise TranslationError("tools must be a list", "tools")
     decls = []
-    for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type", "function") != "function" or not isinstance(fn, dict):
-            raise TranslationError(f"tools[{i}]: only function tools are supported", "tools")
+    for fn in function_tools(tools):
         decl: dict[str, Any] = {"name": fn.get("name")}
         if fn.get("description"):
             decl["description"] = fn["description"]

@@ -50,49 +50,7 @@ $("keyform").addEventListener("submit", (ev) => {
   ev.preventDefault();
   sessionStorage.setItem(KEY_ITEM, $("key").value);
   $("keyform").hidden = true;
-  // Used / limit with a bar; "–" when the limit is not set.
-function meter(used, limit, fmt) {
-  if (limit == null) return el("td", { class: "num muted" }, "–");
-  const share = limit ? Math.min(1, used / limit) : 0;
-  const level = share >= 1 ? "bad" : share >= 0.8 ? "warn" : "ok";
-  return el("td", { class: "num" },
-    `${fmt(used)} / ${fmt(limit)}`,
-    el("span", { class: "bar" }, el("span", { class: level, style: `width:${(100 * share).toFixed(0)}%` })));
-}
-
-const count = (v) => String(Math.round(v));
-const usd = (v) => "$" + (v < 1 ? v.toFixed(4) : v.toFixed(2));
-
-function renderTenants(u) {
-  const rows = u.tenants.map((t) => {
-    const lim = Object.fromEntries(t.limits.map((l) => [l.name, l]));
-    const bucket = (name) => {
-      const l = lim[name];
-      return l ? meter(l.limit - l.remaining, l.limit, count) : meter(0, null, count);
-    };
-    const cc = lim.concurrent;
-    const budgets = t.budgets.length
-      ? t.budgets.map((b) => `${b.period}: ${usd(b.spent_usd)} / ${usd(b.limit_usd)}` +
-        (b.spent_usd >= b.limit_usd ? " (over)" : b.spent_usd >= b.soft_usd ? " (soft)" : "")).join(" · ")
-      : "–";
-    return el("tr", { "data-tenant": t.tenant },
-      el("td", {}, t.tenant),
-      bucket("requests_per_minute"),
-      bucket("tokens_per_minute"),
-      cc ? meter(cc.in_flight, cc.limit, count) : meter(0, null, count),
-      el("td", {}, budgets),
-      el("td", { class: "num" }, t.admitted),
-      el("td", { class: "num" }, t.refused),
-      el("td", { class: "num" }, usd(t.cost_usd)),
-    );
-  });
-  document.querySelector("#tenants tbody").replaceChildren(...rows);
-  $("limits-mode").textContent = u.local_mode
-    ? "Redis unreachable: this process enforces its share of each limit alone."
-    : `Limits shared by ${u.processes} gateway process(es); figures from the process that answered.`;
-}
-
-poll();
+  poll();
 });
 
 async function poll() {
@@ -123,49 +81,7 @@ async function act(path, body) {
   if (body) opts.body = JSON.stringify(body);
   const resp = await fetch(path, opts);
   if (!resp.ok) alert("Failed: HTTP " + resp.status);
-  // Used / limit with a bar; "–" when the limit is not set.
-function meter(used, limit, fmt) {
-  if (limit == null) return el("td", { class: "num muted" }, "–");
-  const share = limit ? Math.min(1, used / limit) : 0;
-  const level = share >= 1 ? "bad" : share >= 0.8 ? "warn" : "ok";
-  return el("td", { class: "num" },
-    `${fmt(used)} / ${fmt(limit)}`,
-    el("span", { class: "bar" }, el("span", { class: level, style: `width:${(100 * share).toFixed(0)}%` })));
-}
-
-const count = (v) => String(Math.round(v));
-const usd = (v) => "$" + (v < 1 ? v.toFixed(4) : v.toFixed(2));
-
-function renderTenants(u) {
-  const rows = u.tenants.map((t) => {
-    const lim = Object.fromEntries(t.limits.map((l) => [l.name, l]));
-    const bucket = (name) => {
-      const l = lim[name];
-      return l ? meter(l.limit - l.remaining, l.limit, count) : meter(0, null, count);
-    };
-    const cc = lim.concurrent;
-    const budgets = t.budgets.length
-      ? t.budgets.map((b) => `${b.period}: ${usd(b.spent_usd)} / ${usd(b.limit_usd)}` +
-        (b.spent_usd >= b.limit_usd ? " (over)" : b.spent_usd >= b.soft_usd ? " (soft)" : "")).join(" · ")
-      : "–";
-    return el("tr", { "data-tenant": t.tenant },
-      el("td", {}, t.tenant),
-      bucket("requests_per_minute"),
-      bucket("tokens_per_minute"),
-      cc ? meter(cc.in_flight, cc.limit, count) : meter(0, null, count),
-      el("td", {}, budgets),
-      el("td", { class: "num" }, t.admitted),
-      el("td", { class: "num" }, t.refused),
-      el("td", { class: "num" }, usd(t.cost_usd)),
-    );
-  });
-  document.querySelector("#tenants tbody").replaceChildren(...rows);
-  $("limits-mode").textContent = u.local_mode
-    ? "Redis unreachable: this process enforces its share of each limit alone."
-    : `Limits shared by ${u.processes} gateway process(es); figures from the process that answered.`;
-}
-
-poll();
+  poll();
 }
 
 function render(s) {
