@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -30,31 +31,52 @@ def redis_prefix() -> str:
     return f"gwtest:{uuid.uuid4().hex[:8]}:"
 
 
+# The simulated providers a test module gets unless it sets FLEET: two fast ones, a slow-decoding
+# one and a spare for fault tests.
+DEFAULT_FLEET: list[Any] = [
+    "a",
+    "b",
+    {
+        "name": "slow",
+        "profile": "fast",
+        "overrides": {"decode_tps_alone": 20, "decode_tps_full": 10},
+    },
+    "c",
+]
+
+
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    """Two fast simulated providers, a slow-decoding one, and a spare for fault tests."""
+def fleet(request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """The module's simulated providers, in a background thread.
+
+    A module sets ``FLEET`` (instance specs, or names of "fast" instances) for others than
+    DEFAULT_FLEET, and ``FLEET_ADMIN = True`` for the fleet's admin port.
+    """
+    specs = getattr(request.module, "FLEET", DEFAULT_FLEET)
     with run_fleet(
-        [
-            {"name": "a", "profile": "fast"},
-            {"name": "b", "profile": "fast"},
-            {
-                "name": "slow",
-                "profile": "fast",
-                "overrides": {"decode_tps_alone": 20, "decode_tps_full": 10},
-            },
-            {"name": "c", "profile": "fast"},
-        ]
+        [{"name": s, "profile": "fast"} if isinstance(s, str) else s for s in specs],
+        admin=getattr(request.module, "FLEET_ADMIN", False),
     ) as f:
         yield f
 
 
 @pytest.fixture
+def healthy_fleet(fleet: Fleet) -> Iterator[Fleet]:
+    """The module's fleet, every instance's faults cleared after the test (use it with
+    ``pytestmark = pytest.mark.usefixtures("healthy_fleet")`` where tests set faults)."""
+    yield fleet
+    for name in fleet.names:
+        fleet.clear_faults(name)
+
+
+@pytest.fixture
 def gateway() -> Iterator[Callable[..., GatewayServer]]:
-    """Factory: start a gateway for a policy text; all are stopped at the end of the test."""
+    """Factory: start a gateway (tests.support.GatewayServer's arguments); all are stopped at the
+    end of the test."""
     started: list[GatewayServer] = []
 
-    def start(policy_yaml: str, **kw: object) -> GatewayServer:
-        gw = GatewayServer(policy_yaml, **kw)  # type: ignore[arg-type]
+    def start(policy_yaml: str, redis_url: str | None = None, **kw: Any) -> GatewayServer:
+        gw = GatewayServer(policy_yaml, redis_url, **kw)
         gw.__enter__()
         started.append(gw)
         return gw

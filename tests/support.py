@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 import os
+import shutil
+import socket
+import subprocess
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
+import pytest
 import uvicorn
+import yaml
 
-from gateway.http.app import create_app
-from gateway.http.protocol import GatewayHttpProtocol
-from gateway.http.server import FastRoutes
-from gateway.infra.shared_state import SharedState
-from gateway.policy.loader import parse_policy
+from gateway.cli import _http_protocol
+from gateway.http.server import build_app
 
 # Shared with the load tests (which never import tests/).
 from loadtests.processes import free_port as free_port
@@ -67,24 +74,70 @@ def validate_sse(body: bytes | str) -> list[dict[str, Any]]:
     return chunks
 
 
+MSG = [{"role": "user", "content": "Tell me about resilient systems"}]
+
+
+@contextlib.contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """Set (a str) or unset (None) environment variables for the block, then restore them."""
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 class GatewayServer:
-    """The gateway app served by uvicorn in a background thread (its own event loop)."""
+    """The gateway as `gateway serve` runs it, in a background thread (its own event loop).
+
+    The policy text is written to a file and the app built by `gateway.http.server.build_app` (the
+    uvicorn factory of `gateway serve`) from GATEWAY_POLICY, REDIS_URL and GATEWAY_REDIS_PREFIX, then
+    served with the CLI's HTTP protocol (`http=` overrides it, e.g. "auto" for uvicorn's own).
+    Every finished request's context is kept in `seen`.
+    """
 
     def __init__(
-        self, policy_yaml: str, redis_url: str | None = None, env: dict[str, str] | None = None
+        self,
+        policy_yaml: str,
+        redis_url: str | None = None,
+        env: dict[str, str] | None = None,
+        prefix: str | None = None,
+        http: Any = None,
     ) -> None:
-        self.policy = parse_policy(policy_yaml, env={**os.environ, **(env or {})})
-        prefix = os.environ.get("GATEWAY_REDIS_PREFIX", "gw:")
-        self.app = create_app(self.policy, SharedState(redis_url, prefix=prefix))
+        self.folder = Path(tempfile.mkdtemp(prefix="gateway-policy-"))
+        self.policy_path = self.folder / "policy.yaml"
+        self.policy_path.write_text(policy_yaml)
+        self.prefix = prefix or os.environ.get("GATEWAY_REDIS_PREFIX", "gw:")
+        with environment(
+            GATEWAY_POLICY=str(self.policy_path),
+            REDIS_URL=redis_url,
+            GATEWAY_REDIS_PREFIX=self.prefix,
+            **(env or {}),
+        ):
+            self.entry = build_app()
+        self.app = self.entry.app
+        self.policy = self.runtime.snapshot.policy
+        self.seen: list[Any] = []
+        self.pipeline.observers.append(self.seen.append)
         self.port = free_port()
-        # The same ASGI entry point `gateway serve` runs (inference routes straight to the pipeline).
         self.config = uvicorn.Config(
-            FastRoutes(self.app),
+            self.entry,
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
+            access_log=False,
             lifespan="on",
-            http=GatewayHttpProtocol,
+            http=http or _http_protocol("httptools"),
+            timeout_keep_alive=max(1, math.ceil(self.policy.server.keepalive_timeout_s)),
         )
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -96,6 +149,28 @@ class GatewayServer:
     @property
     def base_url(self) -> str:
         return self.url + "/v1"
+
+    @property
+    def runtime(self) -> Any:
+        return self.app.state.runtime
+
+    @property
+    def pipeline(self) -> Any:
+        return self.app.state.pipeline
+
+    def breaker(self, provider: str) -> dict[str, Any]:
+        return self.runtime.breakers.snapshot()[provider]
+
+    def chat(self, timeout: float = 15.0, **body: Any) -> httpx.Response:
+        """POST a chat completion (alias `chat`, MSG, 8 tokens unless given); waits for its record."""
+        payload = {"model": "chat", "messages": MSG, "max_tokens": 8, **body}
+        n = len(self.seen)
+        r = httpx.post(self.base_url + "/chat/completions", json=payload, timeout=timeout)
+        # The gateway records a request just after its last byte is sent: wait for that record.
+        deadline = time.monotonic() + 2.0
+        while len(self.seen) == n and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return r
 
     def __enter__(self) -> GatewayServer:
         self.thread.start()
@@ -109,6 +184,139 @@ class GatewayServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def policy(
+    upstreams: Any = None,
+    *names: str,
+    provider: Mapping[str, Any] | None = None,
+    providers: Mapping[str, Mapping[str, Any]] | None = None,
+    pool: Mapping[str, Any] | None = None,
+    pools: Mapping[str, Mapping[str, Any]] | None = None,
+    alias: Mapping[str, Any] | None = None,
+    models: Mapping[str, Mapping[str, Any]] | None = None,
+    extra: str = "",
+    **sections: Any,
+) -> str:
+    """A policy's YAML text: one provider per upstream, one pool `main` of them, the alias `chat`.
+
+    ``upstreams`` maps provider names to base URLs, or is a simulated fleet whose instances
+    ``names`` (default: all) become providers of the same names. Each provider gets the
+    ``provider`` fields; ``providers`` merges fields into providers by name (or adds providers).
+    ``pool`` adds fields to `main` (its members: the upstreams, in order), ``pools`` adds pools;
+    ``alias`` adds fields to `chat`, ``models`` adds aliases. Other top-level sections (retry,
+    auth, degradation, ...) are keyword arguments; ``extra`` is YAML text appended as it is.
+    """
+    if upstreams is None:
+        urls: dict[str, str] = {}
+    elif isinstance(upstreams, Mapping):
+        urls = dict(upstreams)
+    else:
+        urls = {n: upstreams.url(n) for n in names or upstreams.names}
+    provs: dict[str, Any] = {n: {"base_url": u, **(provider or {})} for n, u in urls.items()}
+    for n, fields in (providers or {}).items():
+        provs[n] = {**provs.get(n, {}), **fields}
+    doc = {
+        **sections,
+        "providers": provs,
+        "pools": {"main": {"members": list(urls), **(pool or {})}, **(pools or {})},
+        "models": {"chat": {"pool": "main", **(alias or {})}, **(models or {})},
+    }
+    return yaml.safe_dump(doc, sort_keys=False) + extra
+
+
+def requests_at(fleet: Any, name: str) -> int:
+    """Chat requests the simulator instance received (the count the gateway cannot fake)."""
+    return int(fleet.stats(name)["by_endpoint"].get("chat", 0))
+
+
+def poll(condition: Callable[[], Any], within_s: float = 5.0, every_s: float = 0.02) -> Any:
+    """Wait until ``condition()`` is truthy; returns it, or fails the test after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {within_s} s")
+        time.sleep(every_s)
+
+
+@contextlib.contextmanager
+def unconnectable_port() -> Iterator[int]:
+    """A port whose TCP handshake never completes: a listener with a full accept backlog.
+
+    SYNs to it are dropped, so a connect hangs until the client's connect timeout (a closed
+    port would refuse at once: that is a connect *error*, not a timeout).
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        fillers.append(s)
+    time.sleep(0.05)
+    try:
+        yield port
+    finally:
+        for s in fillers:
+            s.close()
+        listener.close()
+
+
+class RedisProcess:
+    """A throwaway redis-server on its own port (never the shared one), killable and restartable."""
+
+    def __init__(self, port: int | None = None) -> None:
+        if shutil.which("redis-server") is None:
+            pytest.skip("redis-server is not installed")
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisProcess:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return self
+            time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(5)
+            self.proc = None
+
+    def __enter__(self) -> RedisProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
 
 
 def run(coro: Any) -> Any:

@@ -81,7 +81,7 @@ def test_member_pool_policy_views(fleet, gateway) -> None:
     assert pool["name"] == "main" and pool["members"] == ["a", "b"] and pool["healthy"] == 2
     assert pool["queue"]["depth"] == 0 and pool["strategy"] == "round_robin"
     pol = httpx.get(gw.url + "/admin/policy").json()
-    assert pol["source"] == "embedded" and pol["version"] and pol["reload_failures"] == 0
+    assert pol["source"] == str(gw.policy_path) and pol["version"] and pol["reload_failures"] == 0
     full = httpx.get(gw.url + "/admin/policy?full=1").json()
     assert full["policy"]["pools"]["main"]["members"] == ["a", "b"]
     stats = httpx.get(gw.url + "/admin/stats").json()

@@ -7,16 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
 from loadtests.simulator.testing import Fleet
-from tests.resilience.test_resilience_helpers import (  # noqa: F401 - fixtures
-    Gateway,
-    fleet_of,
-    healthy_fleet,
-    start_gateway,
-)
+from tests.support import GatewayServer
 
-fleet = fleet_of("a", "b")
+FLEET = ["a", "b"]
+pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
 
 
 def policy(fleet: Fleet) -> str:
@@ -38,9 +35,9 @@ def boom(*_: Any, **__: Any) -> Any:
 
 def test_exception_in_an_attempt_is_retried_never_a_500(
     fleet: Fleet,
-    start_gateway: Callable[..., Gateway],  # noqa: F811
+    gateway: Callable[..., GatewayServer],
 ) -> None:
-    gw = start_gateway(policy(fleet))
+    gw = gateway(policy(fleet))
     a = gw.runtime.snapshot.providers["a"]
     a.client.send = boom
     a.client.open_stream = boom
@@ -60,9 +57,9 @@ def test_exception_in_an_attempt_is_retried_never_a_500(
 
 def test_exception_on_every_member_is_a_clean_502(
     fleet: Fleet,
-    start_gateway: Callable[..., Gateway],  # noqa: F811
+    gateway: Callable[..., GatewayServer],
 ) -> None:
-    gw = start_gateway(policy(fleet))
+    gw = gateway(policy(fleet))
     for p in gw.runtime.snapshot.providers.values():
         p.client.send = boom
     r = httpx.post(

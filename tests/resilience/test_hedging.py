@@ -10,17 +10,10 @@ import pytest
 
 from gateway.resilience.hedge import HedgeSettings, HedgeTracker
 from loadtests.simulator.testing import Fleet
-from tests.resilience.test_resilience_helpers import (  # noqa: F401 - fixtures
-    Gateway,
-    fleet_of,
-    healthy_fleet,
-    poll,
-    requests_at,
-    start_gateway,
-)
-from tests.support import validate, validate_sse
+from tests.support import GatewayServer, poll, requests_at, validate, validate_sse
 
-fleet = fleet_of("slow", "ok")
+FLEET = ["slow", "ok"]
+pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
 
 
 def policy(fleet: Fleet, hedge: str = "", retry: str = "") -> str:
@@ -42,7 +35,7 @@ retry: {{base_backoff_ms: 0, max_backoff_ms: 0 {retry}}}
 HEDGE = "hedge: {enabled: true, delay_ms: 100}"
 
 
-def metric(gw: Gateway, outcome: str) -> float:
+def metric(gw: GatewayServer, outcome: str) -> float:
     for line in httpx.get(gw.url + "/metrics", timeout=5).text.splitlines():
         if line.startswith(f'gateway_hedges_total{{outcome="{outcome}",pool="main"}}'):
             return float(line.rsplit(" ", 1)[1])
@@ -51,10 +44,10 @@ def metric(gw: Gateway, outcome: str) -> float:
 
 def test_slow_first_member_is_hedged_and_the_fast_answer_wins(
     fleet: Fleet,
-    start_gateway: Callable[..., Gateway],  # noqa: F811
+    gateway: Callable[..., GatewayServer],
 ) -> None:
     fleet.set_faults("slow", spike_rate=1.0, spike_ms=2000)
-    gw = start_gateway(policy(fleet, HEDGE))
+    gw = gateway(policy(fleet, HEDGE))
     t0 = time.monotonic()
     r = gw.chat()
     took = time.monotonic() - t0
@@ -73,10 +66,10 @@ def test_slow_first_member_is_hedged_and_the_fast_answer_wins(
 
 def test_streams_are_hedged_on_their_first_event(
     fleet: Fleet,
-    start_gateway: Callable[..., Gateway],  # noqa: F811
+    gateway: Callable[..., GatewayServer],
 ) -> None:
     fleet.set_faults("slow", slow_first_token_ms=2000)
-    gw = start_gateway(policy(fleet, HEDGE))
+    gw = gateway(policy(fleet, HEDGE))
     r = gw.chat(stream=True)
     assert r.status_code == 200
     validate_sse(r.content)
@@ -87,17 +80,17 @@ def test_streams_are_hedged_on_their_first_event(
 
 def test_no_hedge_when_off_fast_or_out_of_budget(
     fleet: Fleet,
-    start_gateway: Callable[..., Gateway],  # noqa: F811
+    gateway: Callable[..., GatewayServer],
 ) -> None:
     fleet.set_faults("slow", spike_rate=1.0, spike_ms=600)
-    off = start_gateway(policy(fleet))  # off by default
+    off = gateway(policy(fleet))  # off by default
     r = off.chat()
     assert r.headers["x-gateway-provider"] == "slow" and "x-gateway-hedged" not in r.headers
-    no_budget = start_gateway(policy(fleet, HEDGE, retry=", budget_ratio: 0, budget_min_per_s: 0"))
+    no_budget = gateway(policy(fleet, HEDGE, retry=", budget_ratio: 0, budget_min_per_s: 0"))
     r = no_budget.chat()
     assert r.headers["x-gateway-provider"] == "slow" and "x-gateway-hedged" not in r.headers
     fleet.clear_faults("slow")
-    fast = start_gateway(policy(fleet, HEDGE))
+    fast = gateway(policy(fleet, HEDGE))
     before = requests_at(fleet, "ok")
     for _ in range(4):
         r = fast.chat()
@@ -107,11 +100,11 @@ def test_no_hedge_when_off_fast_or_out_of_budget(
 
 def test_a_failing_first_attempt_lets_the_hedge_answer(
     fleet: Fleet,
-    start_gateway: Callable[..., Gateway],  # noqa: F811
+    gateway: Callable[..., GatewayServer],
 ) -> None:
     """The hedge was sent; the slow first attempt then fails: the hedge's answer is taken."""
     fleet.set_faults("slow", hang=True)
-    gw = start_gateway(
+    gw = gateway(
         policy(fleet, HEDGE).replace(
             f"slow: {{base_url: '{fleet.url('slow')}'}}",
             f"slow: {{base_url: '{fleet.url('slow')}', timeouts: {{first_byte_s: 0.3, "

@@ -12,16 +12,10 @@ import httpx
 import pytest
 
 from loadtests.simulator.testing import Fleet
-from tests.resilience.test_resilience_helpers import (  # noqa: F401 - fixtures
-    Gateway,
-    RedisProcess,
-    fleet_of,
-    healthy_fleet,
-    poll,
-    start_gateway,
-)
+from tests.support import GatewayServer, RedisProcess, poll
 
-fleet = fleet_of("a")
+FLEET = ["a"]
+pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
 
 RULES = """
 default:
@@ -62,7 +56,7 @@ def status(url: str, rid: str) -> str:
 
 def test_queued_requests_replayed_after_redis_restarted_empty(
     fleet: Fleet,
-    start_gateway: Callable[..., Gateway],  # noqa: F811
+    gateway: Callable[..., GatewayServer],
     redis_server: RedisProcess,
     tmp_path: Path,
 ) -> None:
@@ -77,7 +71,7 @@ models:
 retry: {{base_backoff_ms: 0, max_backoff_ms: 0}}
 degradation: {{rules: '{tmp_path / "rules.yaml"}'}}
 """
-    gw = start_gateway(policy, redis_server.url)
+    gw = gateway(policy, redis_server.url)
     fleet.set_faults("a", error_rate=1.0, error_status=[503])
     before = [ask(gw.url, i) for i in range(3)]  # queued in Redis, held by the worker
     poll(lambda: all(status(gw.url, r) == "queued" for r in before))

@@ -14,17 +14,10 @@ import pytest
 import redis
 
 from loadtests.simulator.testing import Fleet
-from tests.resilience.test_resilience_helpers import (  # noqa: F401 - fixture
-    RedisProcess,
-    fleet_of,
-    healthy_fleet,
-    poll,
-    requests_at,
-    start_gateway,
-)
-from tests.support import gateway_process, validate, validate_sse
+from tests.support import RedisProcess, gateway_process, poll, requests_at, validate, validate_sse
 
-fleet = fleet_of("dead", "good")
+FLEET = ["dead", "good"]
+pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
 
 
 def policy(fleet: Fleet, breaker: str) -> str:
@@ -86,14 +79,14 @@ def test_breaker_opened_by_one_replica_stops_the_other_within_a_second(
 
 def test_redis_killed_mid_traffic(
     fleet: Fleet,
-    start_gateway,  # noqa: F811
+    gateway,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING)
     with RedisProcess() as rp:
         prefix = f"gwres:{uuid.uuid4().hex[:8]}:"
-        gw = start_gateway(
-            policy(fleet, "{consecutive_failures: 3, cooldown_s: 0.5}"), rp.url, prefix
+        gw = gateway(
+            policy(fleet, "{consecutive_failures: 3, cooldown_s: 0.5}"), rp.url, prefix=prefix
         )
         client = redis.Redis.from_url(rp.url)
         failures: list[str] = []

@@ -13,14 +13,9 @@ import openai
 import pytest
 
 from loadtests.simulator.testing import Fleet
-from tests.resilience.test_resilience_helpers import (
-    MSG,
-    fleet_of,
-    requests_at,
-)  # noqa: F401 - fixture
-from tests.support import validate
+from tests.support import MSG, requests_at, validate
 
-fleet = fleet_of("a", "b")
+FLEET = ["a", "b"]
 
 
 def resume_policy(fleet: Fleet) -> str:
@@ -43,10 +38,10 @@ def unbroken(fleet: Fleet, **body) -> str:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("cut_after", [0, 7])
 def test_broken_stream_is_resumed_into_one_coherent_stream(
     fleet: Fleet,
-    start_gateway,  # noqa: F811
+    gateway,
     cut_after: int,
 ) -> None:
-    gw = start_gateway(resume_policy(fleet))
+    gw = gateway(resume_policy(fleet))
     body = {"model": "chat", "messages": MSG, "max_tokens": 24, "seed": 11}
     expected = unbroken(fleet, **body)
     fleet.set_faults("a", cut_stream_after_chunks=cut_after)
@@ -73,9 +68,9 @@ def test_broken_stream_is_resumed_into_one_coherent_stream(
     assert gw.seen[-1].resumed and gw.seen[-1].status == 200
 
 
-def test_resume_is_exhausted_like_any_retry(fleet: Fleet, start_gateway) -> None:  # noqa: F811
+def test_resume_is_exhausted_like_any_retry(fleet: Fleet, gateway) -> None:
     """Every member cuts: the client gets an error event after the last try, not a fake end."""
-    gw = start_gateway(resume_policy(fleet))
+    gw = gateway(resume_policy(fleet))
     fleet.set_faults("a", cut_stream_after_chunks=2)
     fleet.set_faults("b", cut_stream_after_chunks=2)
     client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)

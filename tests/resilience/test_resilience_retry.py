@@ -6,28 +6,23 @@ Counts are read at the simulator (`fleet.stats`), which sees every request the g
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import openai
 import pytest
 
-from loadtests.simulator.testing import Fleet, run_fleet
-from tests.resilience.test_resilience_helpers import (  # noqa: F401 - fixture
-    MSG,
-    healthy_fleet,
-    poll,
-    requests_at,
-    start_gateway,
-)
-from tests.support import validate, validate_sse
+from loadtests.simulator.testing import Fleet
+from tests.support import MSG, poll, requests_at, validate, validate_sse
+
+pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    specs = [{"name": n, "profile": "fast"} for n in ("a", "b", "c", "d")]
-    specs.append({"name": "small", "profile": "fast", "overrides": {"context_window": 64}})
-    with run_fleet(specs) as f:
-        yield f
+FLEET = [
+    "a",
+    "b",
+    "c",
+    "d",
+    {"name": "small", "profile": "fast", "overrides": {"context_window": 64}},
+]
 
 
 def providers(fleet: Fleet, *names: str, breaker: str = "") -> str:
@@ -63,8 +58,8 @@ def delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_5xx_is_retried_on_a_different_member(fleet: Fleet, start_gateway, stream) -> None:  # noqa: F811
-    gw = start_gateway(two_member_policy(fleet))
+def test_5xx_is_retried_on_a_different_member(fleet: Fleet, gateway, stream) -> None:
+    gw = gateway(two_member_policy(fleet))
     fleet.set_faults("a", error_rate=1.0, error_status=[500])
     before = counts(fleet, "a", "b")
     for _ in range(4):
@@ -77,8 +72,8 @@ def test_5xx_is_retried_on_a_different_member(fleet: Fleet, start_gateway, strea
     assert all(f == "a:upstream_5xx" for ctx in gw.seen for f in ctx.failures)
 
 
-def test_connect_error_is_retried_on_a_different_member(fleet: Fleet, start_gateway) -> None:  # noqa: F811
-    gw = start_gateway(two_member_policy(fleet))
+def test_connect_error_is_retried_on_a_different_member(fleet: Fleet, gateway) -> None:
+    gw = gateway(two_member_policy(fleet))
     fleet.set_faults("a", refuse_connections=True)
     for stream in (False, True):
         r = gw.chat(stream=stream)
@@ -89,8 +84,8 @@ def test_connect_error_is_retried_on_a_different_member(fleet: Fleet, start_gate
 
 
 @pytest.mark.parametrize("status", [400, 422])
-def test_client_errors_pass_through_unretried(fleet: Fleet, start_gateway, status) -> None:  # noqa: F811
-    gw = start_gateway(two_member_policy(fleet))
+def test_client_errors_pass_through_unretried(fleet: Fleet, gateway, status) -> None:
+    gw = gateway(two_member_policy(fleet))
     fleet.set_faults("a", error_rate=1.0, error_status=[status])
     fleet.set_faults("b", error_rate=1.0, error_status=[status])
     direct = openai.OpenAI(base_url=fleet.url("a"), api_key="x", max_retries=0)
@@ -104,8 +99,8 @@ def test_client_errors_pass_through_unretried(fleet: Fleet, start_gateway, statu
     assert gw.breaker("a")["window_failures"] == 0 and gw.breaker("b")["window_failures"] == 0
 
 
-def test_context_overflow_at_the_provider_is_not_retried(fleet: Fleet, start_gateway) -> None:  # noqa: F811
-    gw = start_gateway(
+def test_context_overflow_at_the_provider_is_not_retried(fleet: Fleet, gateway) -> None:
+    gw = gateway(
         f"""
 providers:
 {providers(fleet, "small", "a")}
@@ -123,8 +118,8 @@ models:
     assert delta(before, counts(fleet, "small", "a")) == {"small": 1, "a": 0}
 
 
-def test_stream_cut_without_resume_ends_with_an_error_event(fleet: Fleet, start_gateway) -> None:  # noqa: F811
-    gw = start_gateway(two_member_policy(fleet))
+def test_stream_cut_without_resume_ends_with_an_error_event(fleet: Fleet, gateway) -> None:
+    gw = gateway(two_member_policy(fleet))
     fleet.set_faults("a", cut_stream_after_chunks=3)
     fleet.set_faults("b", cut_stream_after_chunks=3)
     before = counts(fleet, "a", "b")
@@ -146,8 +141,8 @@ def test_stream_cut_without_resume_ends_with_an_error_event(fleet: Fleet, start_
 # -- 429 and cool-downs ---------------------------------------------------------------------------
 
 
-def test_429_with_retry_after_cools_the_member_down(fleet: Fleet, start_gateway) -> None:  # noqa: F811
-    gw = start_gateway(two_member_policy(fleet))
+def test_429_with_retry_after_cools_the_member_down(fleet: Fleet, gateway) -> None:
+    gw = gateway(two_member_policy(fleet))
     fleet.set_faults("a", rate_limit=1.0, retry_after_s=1)
     before = counts(fleet, "a", "b")
     first = gw.chat()
@@ -165,8 +160,8 @@ def test_429_with_retry_after_cools_the_member_down(fleet: Fleet, start_gateway)
     assert "a" in providers_seen  # back in rotation after Retry-After
 
 
-def test_all_members_cooling_down_says_when_to_retry(fleet: Fleet, start_gateway) -> None:  # noqa: F811
-    gw = start_gateway(two_member_policy(fleet))
+def test_all_members_cooling_down_says_when_to_retry(fleet: Fleet, gateway) -> None:
+    gw = gateway(two_member_policy(fleet))
     fleet.set_faults("a", rate_limit=1.0, retry_after_s=3)
     fleet.set_faults("b", rate_limit=1.0, retry_after_s=3)
     r = gw.chat()
@@ -184,10 +179,8 @@ def test_all_members_cooling_down_says_when_to_retry(fleet: Fleet, start_gateway
 # -- breaker state machine ---------------------------------------------------------------------------
 
 
-def test_breaker_trips_probes_and_closes_over_http(fleet: Fleet, start_gateway) -> None:  # noqa: F811
-    gw = start_gateway(
-        two_member_policy(fleet, breaker="{consecutive_failures: 3, cooldown_s: 0.5}")
-    )
+def test_breaker_trips_probes_and_closes_over_http(fleet: Fleet, gateway) -> None:
+    gw = gateway(two_member_policy(fleet, breaker="{consecutive_failures: 3, cooldown_s: 0.5}"))
     fleet.set_faults("a", error_rate=1.0, error_status=[503])
     for _ in range(8):
         assert gw.chat().status_code == 200
@@ -219,8 +212,8 @@ def test_breaker_trips_probes_and_closes_over_http(fleet: Fleet, start_gateway) 
 # -- fallback chains ---------------------------------------------------------------------------------
 
 
-def test_pool_to_pool_fallback(fleet: Fleet, start_gateway) -> None:  # noqa: F811
-    gw = start_gateway(
+def test_pool_to_pool_fallback(fleet: Fleet, gateway) -> None:
+    gw = gateway(
         f"""
 providers:
 {providers(fleet, "a", "b", "c")}
@@ -244,8 +237,8 @@ models:
             validate("CreateChatCompletionResponse", r.json())
 
 
-def test_alias_to_alias_fallback_on_context_window(fleet: Fleet, start_gateway) -> None:  # noqa: F811
-    gw = start_gateway(
+def test_alias_to_alias_fallback_on_context_window(fleet: Fleet, gateway) -> None:
+    gw = gateway(
         f"""
 providers:
 {providers(fleet, "a", "c")}
@@ -342,10 +335,10 @@ class ClosingUpstream:
         self.thread.join(5)
 
 
-def test_stale_keep_alive_connection_is_resent_once(start_gateway) -> None:  # noqa: F811
+def test_stale_keep_alive_connection_is_resent_once(gateway) -> None:
     upstream = ClosingUpstream()
     try:
-        gw = start_gateway(
+        gw = gateway(
             f"""
 providers:
   only: {{base_url: 'http://127.0.0.1:{upstream.port}/v1'}}

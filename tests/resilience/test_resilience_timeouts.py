@@ -11,15 +11,7 @@ import httpx
 import pytest
 
 from loadtests.simulator.testing import Fleet
-from tests.resilience.test_resilience_helpers import (  # noqa: F401 - fixture
-    MSG,
-    fleet_of,
-    healthy_fleet,
-    requests_at,
-    start_gateway,
-    unconnectable_port,
-)
-from tests.support import validate, validate_sse
+from tests.support import requests_at, unconnectable_port, validate, validate_sse
 
 FAST_TIMEOUTS = "{connect_s: 0.5, first_byte_s: 0.4, idle_s: 0.4, total_s: 0.9}"
 # The healthy member gets generous limits: a busy test machine must not make it fail too.
@@ -28,7 +20,8 @@ GOOD_TIMEOUTS = "{connect_s: 2.0, first_byte_s: 5.0, idle_s: 5.0, total_s: 10.0}
 TRICKLE_TIMEOUTS = "{connect_s: 0.5, first_byte_s: 0.4, idle_s: 2.0, total_s: 0.8}"
 
 
-fleet = fleet_of("bad", "good")
+FLEET = ["bad", "good"]
+pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
 
 
 def policy(
@@ -60,46 +53,46 @@ def assert_timeout_504(r: httpx.Response, kind: str) -> None:
     assert kind in body["error"]["message"], body
 
 
-def test_connect_timeout(fleet: Fleet, start_gateway) -> None:  # noqa: F811
+def test_connect_timeout(fleet: Fleet, gateway) -> None:
     with unconnectable_port() as port:
         url = f"http://127.0.0.1:{port}/v1"
-        gw = start_gateway(policy(url, fleet.url("good")))
+        gw = gateway(policy(url, fleet.url("good")))
         r = gw.chat()
         assert r.status_code == 200, r.text
         assert r.headers["x-gateway-provider"] == "good"
         assert r.headers["x-gateway-attempts"] == "2"
         assert failures_of(gw) == ["bad:connect_timeout"]
 
-        alone = start_gateway(policy(url, None))
+        alone = gateway(policy(url, None))
         assert_timeout_504(alone.chat(), "connect_timeout")
         assert failures_of(alone) == ["bad:connect_timeout"]
 
 
 @pytest.mark.parametrize("fault", [{"hang": True}, {"slow_first_token_ms": 2000}])
-def test_first_byte_timeout_on_a_stream(fleet: Fleet, start_gateway, fault) -> None:  # noqa: F811
+def test_first_byte_timeout_on_a_stream(fleet: Fleet, gateway, fault) -> None:
     fleet.set_faults("bad", **fault)
-    gw = start_gateway(policy(fleet.url("bad"), fleet.url("good")))
+    gw = gateway(policy(fleet.url("bad"), fleet.url("good")))
     r = gw.chat(stream=True)
     assert r.status_code == 200, r.text
     assert r.headers["x-gateway-provider"] == "good"
     validate_sse(r.content)
     assert failures_of(gw) == ["bad:first_byte_timeout"]
 
-    alone = start_gateway(policy(fleet.url("bad"), None))
+    alone = gateway(policy(fleet.url("bad"), None))
     assert_timeout_504(alone.chat(stream=True), "first_byte_timeout")
 
 
-def test_total_timeout_unary(fleet: Fleet, start_gateway) -> None:  # noqa: F811
+def test_total_timeout_unary(fleet: Fleet, gateway) -> None:
     """A non-streamed answer has no first byte before the whole generation: when first_byte_s +
     max_tokens / unary_min_tps is past total_s, total_s applies."""
     fleet.set_faults("bad", hang=True)
-    gw = start_gateway(policy(fleet.url("bad"), fleet.url("good")))
+    gw = gateway(policy(fleet.url("bad"), fleet.url("good")))
     r = gw.chat()
     assert r.status_code == 200, r.text
     validate("CreateChatCompletionResponse", r.json())
     assert failures_of(gw) == ["bad:total_timeout"]
 
-    alone = start_gateway(policy(fleet.url("bad"), None))
+    alone = gateway(policy(fleet.url("bad"), None))
     assert_timeout_504(alone.chat(), "total_timeout")
 
 
@@ -118,12 +111,12 @@ UNARY_TIMEOUTS = "{connect_s: 0.5, first_byte_s: 0.4, idle_s: 0.4, total_s: 20, 
 )
 def test_unary_hang_stall_trickle_fail_over_in_about_first_byte_time(
     fleet: Fleet,
-    start_gateway,  # noqa: F811
+    gateway,
     fault: dict,
     kind: str,
 ) -> None:
     fleet.set_faults("bad", **fault)
-    gw = start_gateway(policy(fleet.url("bad"), fleet.url("good"), timeouts=UNARY_TIMEOUTS))
+    gw = gateway(policy(fleet.url("bad"), fleet.url("good"), timeouts=UNARY_TIMEOUTS))
     r = gw.chat(max_tokens=8)
     assert r.status_code == 200, r.text
     assert r.headers["x-gateway-provider"] == "good"
@@ -138,31 +131,31 @@ def _stream_text(r: httpx.Response) -> str:
     return "".join((c["choices"][0]["delta"].get("content") or "") for c in chunks if c["choices"])
 
 
-def test_idle_gap_timeout_mid_stream(fleet: Fleet, start_gateway) -> None:  # noqa: F811
+def test_idle_gap_timeout_mid_stream(fleet: Fleet, gateway) -> None:
     """The first token comes fast, then nothing for seconds: idle_s fires, not first_byte_s.
 
     Bytes already reached the client, so the stream is resumed on the other member (the alias
     allows it) or, without another member, ends with an error event naming the kind.
     """
     fleet.set_faults("bad", slow_decode=20000)  # ~10 s between tokens
-    gw = start_gateway(policy(fleet.url("bad"), fleet.url("good"), resume=True))
+    gw = gateway(policy(fleet.url("bad"), fleet.url("good"), resume=True))
     r = gw.chat(stream=True, max_tokens=12, seed=3)
     assert r.status_code == 200, r.text
     assert failures_of(gw) == ["bad:idle_timeout"]
     reference = gw.chat(max_tokens=12, seed=3).json()["choices"][0]["message"]["content"]
     assert _stream_text(r) == reference
 
-    alone = start_gateway(policy(fleet.url("bad"), None))
+    alone = gateway(policy(fleet.url("bad"), None))
     r = alone.chat(stream=True, max_tokens=12)
     assert r.status_code == 200  # the status line went out with the first token
     assert b'"code":"idle_timeout"' in r.content, r.content[-300:]
     assert failures_of(alone) == ["bad:idle_timeout"]
 
 
-def test_total_timeout_mid_stream(fleet: Fleet, start_gateway) -> None:  # noqa: F811
+def test_total_timeout_mid_stream(fleet: Fleet, gateway) -> None:
     """Tokens keep coming within idle_s, but the whole answer takes longer than total_s."""
     fleet.set_faults("bad", slow_decode=300)  # ~0.15 s between tokens, 20 tokens: ~3 s
-    alone = start_gateway(policy(fleet.url("bad"), None, timeouts=TRICKLE_TIMEOUTS))
+    alone = gateway(policy(fleet.url("bad"), None, timeouts=TRICKLE_TIMEOUTS))
     before = requests_at(fleet, "bad")
     r = alone.chat(stream=True, max_tokens=20)
     assert r.status_code == 200
@@ -171,11 +164,12 @@ def test_total_timeout_mid_stream(fleet: Fleet, start_gateway) -> None:  # noqa:
     assert requests_at(fleet, "bad") == before + 1  # never retried after bytes were sent
 
 
-def test_kinds_reach_the_breaker_and_member(fleet: Fleet, start_gateway) -> None:  # noqa: F811
+def test_kinds_reach_the_breaker_and_member(fleet: Fleet, gateway) -> None:
     fleet.set_faults("bad", hang=True)
-    gw = start_gateway(policy(fleet.url("bad"), fleet.url("good")))
+    gw = gateway(policy(fleet.url("bad"), fleet.url("good")))
+    good_before = requests_at(fleet, "good")
     assert gw.chat(stream=True).status_code == 200
     bad = gw.runtime.snapshot.providers["bad"]
     assert bad.member.last_error_kind == "first_byte_timeout"
     assert gw.breaker("bad")["window_failures"] == 1
-    assert MSG  # the shared prompt is what every request sends
+    assert requests_at(fleet, "good") == good_before + 1  # the answer came from the other member

@@ -11,14 +11,10 @@ import pytest
 from gateway.wire.answer_checks import InvalidAnswer, ResponseLimits, StreamCheck
 from loadtests.chaos_answers import classify, expected_text
 from loadtests.simulator.testing import Fleet
-from tests.resilience.test_resilience_helpers import (  # noqa: F401 - fixtures
-    Gateway,
-    fleet_of,
-    healthy_fleet,
-    start_gateway,
-)
+from tests.support import GatewayServer
 
-fleet = fleet_of("bad", "good")
+FLEET = ["bad", "good"]
+pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
 
 
 def test_check_refuses_an_event_with_cut_json() -> None:
@@ -32,10 +28,10 @@ def test_check_refuses_an_event_with_cut_json() -> None:
 
 def test_cut_json_event_is_not_relayed_and_the_stream_is_resumed(
     fleet: Fleet,
-    start_gateway: Callable[..., Gateway],  # noqa: F811
+    gateway: Callable[..., GatewayServer],
 ) -> None:
     fleet.set_faults("bad", broken_body="truncated_json")
-    gw = start_gateway(f"""
+    gw = gateway(f"""
 providers:
   bad: {{base_url: '{fleet.url("bad")}'}}
   good: {{base_url: '{fleet.url("good")}'}}
