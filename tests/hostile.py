@@ -164,6 +164,27 @@ class HostileUpstream:
         writer.write("\r\n".join(head).encode() + body)
         await writer.drain()
 
+    @classmethod
+    async def _invalid(
+        cls,
+        writer: asyncio.StreamWriter,
+        status: int,
+        message: str,
+        param: str | None,
+        code: str,
+        extra: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """An OpenAI-shaped `invalid_request_error` answer."""
+        err = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": code,
+            }
+        }
+        await cls._respond(writer, status, json.dumps(err).encode(), extra=extra)
+
     @staticmethod
     async def _start_chunked(
         writer: asyncio.StreamWriter, content_type: str, extra: list[tuple[str, str]] | None = None
@@ -240,17 +261,12 @@ class HostileUpstream:
     async def mode_auth401(
         self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
     ) -> None:
-        err = {
-            "error": {
-                "message": f"Incorrect API key provided: {key}. You can find your API key at "
-                "https://platform.example.com/account/api-keys.",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "invalid_api_key",
-            }
-        }
+        message = (
+            f"Incorrect API key provided: {key}. You can find your API key at "
+            "https://platform.example.com/account/api-keys."
+        )
         extra = [("www-authenticate", f'Bearer realm="gpu-node-3.internal", key="{key}"')]
-        await self._respond(w, 401, json.dumps(err).encode(), extra=extra + LEAKY_HEADERS)
+        await self._invalid(w, 401, message, None, "invalid_api_key", extra + LEAKY_HEADERS)
 
     async def mode_auth403(
         self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
@@ -261,16 +277,8 @@ class HostileUpstream:
     async def mode_model404(
         self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
     ) -> None:
-        err = {
-            "error": {
-                "message": f"The model `{req.get('model')}` does not exist or you do not have "
-                "access to it.",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "model_not_found",
-            }
-        }
-        await self._respond(w, 404, json.dumps(err).encode())
+        message = f"The model `{req.get('model')}` does not exist or you do not have access to it."
+        await self._invalid(w, 404, message, None, "model_not_found")
 
     async def mode_leaky400(
         self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
@@ -281,15 +289,7 @@ class HostileUpstream:
             "fallback key sk-proj-abc123DEF456ghi789 and token "
             "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJl; keep this text"
         )
-        err = {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": "temperature",
-                "code": "invalid_value",
-            }
-        }
-        await self._respond(w, 400, json.dumps(err).encode(), extra=LEAKY_HEADERS)
+        await self._invalid(w, 400, message, "temperature", "invalid_value", LEAKY_HEADERS)
 
     # -- broken unary answers ----------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -75,6 +76,16 @@ def validate_sse(body: bytes | str) -> list[dict[str, Any]]:
 
 
 MSG = [{"role": "user", "content": "Tell me about resilient systems"}]
+
+# An `auth` section: tenants t1 and t2 with the API keys "key-1" and "key-2".
+TWO_TENANTS = {
+    "keys": [
+        {"tenant": f"t{i}", "key_sha256": hashlib.sha256(f"key-{i}".encode()).hexdigest()}
+        for i in (1, 2)
+    ]
+}
+# An alias's `cache` fields: the semantic cache only.
+SEMANTIC_ONLY = {"cache": {"exact": {"enabled": False}, "semantic": {"enabled": True}}}
 
 
 @contextlib.contextmanager
@@ -224,6 +235,19 @@ def policy(
         "models": {"chat": {"pool": "main", **(alias or {})}, **(models or {})},
     }
     return yaml.safe_dump(doc, sort_keys=False) + extra
+
+
+class FakeClock:
+    """A monotonic clock the test moves: call it for the time, `advance` it (or set `t`)."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, s: float) -> None:
+        self.t += s
 
 
 def requests_at(fleet: Any, name: str) -> int:

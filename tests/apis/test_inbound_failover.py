@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import httpx
@@ -14,7 +15,7 @@ import pytest
 
 from gateway.resilience.breaker import BreakerState
 from loadtests.simulator.bedrock import BedrockCredentials, run_bedrock
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import GatewayServer
 
 AN_KEY, AZ_KEY = "ak-sim-inbound", "az-sim-inbound"
@@ -44,22 +45,17 @@ SCHEMA = {
 }
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet(
-        [
-            {"name": "oa", "profile": "fast"},
-            {"name": "an", "profile": "fast", "wire": "anthropic", "api_key": AN_KEY},
-            {
-                "name": "az",
-                "profile": "fast",
-                "wire": "azure",
-                "api_key": AZ_KEY,
-                "overrides": {"models": ["gpt4o-dep"]},
-            },
-        ]
-    ) as f:
-        yield f
+FLEET: list[Any] = [
+    {"name": "oa", "profile": "fast"},
+    {"name": "an", "profile": "fast", "wire": "anthropic", "api_key": AN_KEY},
+    {
+        "name": "az",
+        "profile": "fast",
+        "wire": "azure",
+        "api_key": AZ_KEY,
+        "overrides": {"models": ["gpt4o-dep"]},
+    },
+]
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,13 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import GatewayServer
 
 TOOLS = [
@@ -26,11 +27,7 @@ TOOLS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def fleet2() -> Iterator[Fleet]:
-    members = [{"name": n, "profile": "fast"} for n in ("a", "c", "d")]
-    with run_fleet(members) as f:
-        yield f
+FLEET: list[Any] = [{"name": n, "profile": "fast"} for n in ("a", "c", "d")]
 
 
 def _policy(fleet: Fleet) -> str:
@@ -55,10 +52,10 @@ models:
 
 
 @pytest.fixture(scope="module")
-def gw(fleet2: Fleet) -> Iterator[GatewayServer]:
+def gw(fleet: Fleet) -> Iterator[GatewayServer]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GATEWAY_API_KEYS", "team-a:key-a,team-r:key-r")
-        with GatewayServer(_policy(fleet2)) as server:
+        with GatewayServer(_policy(fleet)) as server:
             yield server
 
 
@@ -283,7 +280,7 @@ def _error(call) -> anthropic.APIStatusError:
     return e.value
 
 
-def test_errors_in_anthropic_shape(gw: GatewayServer, fleet2: Fleet) -> None:
+def test_errors_in_anthropic_shape(gw: GatewayServer, fleet: Fleet) -> None:
     def create(key: str, **kw) -> object:
         c = anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
         args = {"model": "chat", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
@@ -305,11 +302,11 @@ def test_errors_in_anthropic_shape(gw: GatewayServer, fleet2: Fleet) -> None:
     assert e.status_code == 429 and e.body["error"]["type"] == "rate_limit_error"
     assert int(e.response.headers["retry-after"]) >= 1
     # Every attempt rate-limited upstream: the gateway's 503 is Anthropic's 529 "overloaded".
-    fleet2.set_faults("c", error_rate=1.0, error_status=[429])
+    fleet.set_faults("c", error_rate=1.0, error_status=[429])
     try:
         e = _error(lambda: create("key-a", model="down"))
     finally:
-        fleet2.set_faults("c")
+        fleet.set_faults("c")
     assert e.status_code == 529 and e.body["error"]["type"] == "overloaded_error"
     assert isinstance(e, anthropic.APIStatusError)
 
@@ -348,7 +345,7 @@ def test_cached_answer_replayed_as_messages_stream(gw: GatewayServer) -> None:
 
 
 def test_stream_broken_midway_ends_with_an_error_event(
-    gw: GatewayServer, fleet2: Fleet, client: anthropic.Anthropic
+    gw: GatewayServer, fleet: Fleet, client: anthropic.Anthropic
 ) -> None:
     body = {
         "model": "cut",
@@ -356,7 +353,7 @@ def test_stream_broken_midway_ends_with_an_error_event(
         "stream": True,
         "messages": [{"role": "user", "content": "A long story"}],
     }
-    fleet2.set_faults("d", cut_stream_after_chunks=4)
+    fleet.set_faults("d", cut_stream_after_chunks=4)
     try:
         r = httpx.post(gw.url + "/v1/messages", json=body, headers={"x-api-key": "key-a"})
         args = {k: v for k, v in body.items() if k != "stream"}
@@ -364,7 +361,7 @@ def test_stream_broken_midway_ends_with_an_error_event(
             for _ in s:
                 pass
     finally:
-        fleet2.set_faults("d")
+        fleet.set_faults("d")
     blocks = [b for b in r.text.split("\n\n") if b.strip()]
     assert blocks[0].startswith("event: message_start")
     assert any(b.startswith("event: content_block_delta") for b in blocks)

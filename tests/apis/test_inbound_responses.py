@@ -19,7 +19,7 @@ import openai
 import pytest
 import redis
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import GatewayServer
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "openai_responses_schemas.json"
@@ -85,10 +85,7 @@ def events_of(text: str) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def fleet1() -> Iterator[Fleet]:
-    with run_fleet([{"name": "a", "profile": "fast"}]) as f:
-        yield f
+FLEET: list[Any] = [{"name": "a", "profile": "fast"}]
 
 
 def _policy(fleet: Fleet) -> str:
@@ -103,11 +100,11 @@ models:
 
 
 @pytest.fixture(scope="module")
-def gw(fleet1: Fleet, redis_url: str) -> Iterator[GatewayServer]:
+def gw(fleet: Fleet, redis_url: str) -> Iterator[GatewayServer]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GATEWAY_API_KEYS", "team-a:key-a,team-b:key-b")
         mp.setenv("GATEWAY_REDIS_PREFIX", "gwtest:inbound:")
-        with GatewayServer(_policy(fleet1), redis_url=redis_url) as server:
+        with GatewayServer(_policy(fleet), redis_url=redis_url) as server:
             yield server
 
 
@@ -139,24 +136,35 @@ def test_plain_response_validates(gw: GatewayServer, client: openai.OpenAI) -> N
     assert len(resp.output_text.split()) == 16 and resp.usage.output_tokens == 16
 
 
-def test_stream_event_sequence(gw: GatewayServer, client: openai.OpenAI) -> None:
-    body = {"model": "chat", "input": [{"role": "user", "content": "Tell me"}], "stream": True}
-    r = _post(gw, body)
-    events = events_of(r.text)
+def check_sequence(events: list[dict], head: list[str], repeated: str, tail: list[str]) -> int:
+    """The stream of one output item: `head`, then `repeated` one or more times, then `tail`,
+    between the response's and the item's opening and closing events. Returns the repeats."""
     kinds = [e["type"] for e in events]
-    deltas = kinds.count("response.output_text.delta")
-    assert deltas > 0
+    n = kinds.count(repeated)
+    assert n > 0
     assert kinds == [
         "response.created",
         "response.in_progress",
         "response.output_item.added",
-        "response.content_part.added",
-        *["response.output_text.delta"] * deltas,
-        "response.output_text.done",
-        "response.content_part.done",
+        *head,
+        *[repeated] * n,
+        *tail,
         "response.output_item.done",
         "response.completed",
     ]
+    return n
+
+
+def test_stream_event_sequence(gw: GatewayServer, client: openai.OpenAI) -> None:
+    body = {"model": "chat", "input": [{"role": "user", "content": "Tell me"}], "stream": True}
+    r = _post(gw, body)
+    events = events_of(r.text)
+    deltas = check_sequence(
+        events,
+        ["response.content_part.added"],
+        "response.output_text.delta",
+        ["response.output_text.done", "response.content_part.done"],
+    )
     done = events[-1]["response"]
     validate("Response", done)
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
@@ -212,18 +220,12 @@ def test_function_call_stream(gw: GatewayServer) -> None:
         "stream": True,
     }
     events = events_of(_post(gw, body).text)
-    kinds = [e["type"] for e in events]
-    n = kinds.count("response.function_call_arguments.delta")
-    assert n > 0
-    assert kinds == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        *["response.function_call_arguments.delta"] * n,
-        "response.function_call_arguments.done",
-        "response.output_item.done",
-        "response.completed",
-    ]
+    check_sequence(
+        events,
+        [],
+        "response.function_call_arguments.delta",
+        ["response.function_call_arguments.done"],
+    )
     args = "".join(e["delta"] for e in events if e["type"].endswith("arguments.delta"))
     assert events[-3]["arguments"] == args and set(json.loads(args)) == {"city"}
     item = events[-1]["response"]["output"][0]
@@ -389,8 +391,8 @@ def test_unsupported_and_invalid_requests(gw: GatewayServer, client: openai.Open
         )
 
 
-def test_in_memory_store_without_redis(fleet1: Fleet, gateway) -> None:
-    gw = gateway(_policy(fleet1))
+def test_in_memory_store_without_redis(fleet: Fleet, gateway) -> None:
+    gw = gateway(_policy(fleet))
     client = openai.OpenAI(base_url=gw.base_url, api_key="key-a", max_retries=0)
     first = client.responses.create(model="chat", input="hello")
     second = client.responses.create(model="chat", input="more", previous_response_id=first.id)
@@ -401,12 +403,12 @@ def test_models_list_keeps_aliases(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == ["chat"]
 
 
-def test_stream_broken_midway_ends_failed(gw: GatewayServer, fleet1: Fleet) -> None:
-    fleet1.set_faults("a", cut_stream_after_chunks=4)
+def test_stream_broken_midway_ends_failed(gw: GatewayServer, fleet: Fleet) -> None:
+    fleet.set_faults("a", cut_stream_after_chunks=4)
     try:
         r = _post(gw, {"model": "chat", "input": "A long story", "stream": True})
     finally:
-        fleet1.set_faults("a")
+        fleet.set_faults("a")
     events = events_of(r.text)  # every event valid, the failure ones included
     kinds = [e["type"] for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"]

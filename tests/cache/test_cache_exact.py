@@ -3,30 +3,14 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 
 import httpx
 import openai
 import pytest
 
-from tests.support import validate, validate_sse
+from tests.support import TWO_TENANTS, policy, validate, validate_sse
 
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def policy(fleet, member: str = "a", extra_alias: str = "") -> str:
-    return f"""
-auth:
-  keys:
-    - {{tenant: t1, key_sha256: {hashlib.sha256(b"key-1").hexdigest()}}}
-    - {{tenant: t2, key_sha256: {hashlib.sha256(b"key-2").hexdigest()}}}
-providers:
-  p: {{base_url: '{fleet.url(member)}'}}
-pools:
-  main: {{members: [p]}}
-models:
-  chat: {{pool: main{extra_alias}}}
-"""
 
 
 def post(gw, body: dict, key: str = "key-1", **headers: str) -> httpx.Response:
@@ -50,7 +34,7 @@ def upstream_requests(fleet, name: str = "a") -> int:
 def gw(fleet, gateway, redis_url, redis_prefix, monkeypatch):
     monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
     fleet.reset("a")
-    return gateway(policy(fleet), redis_url=redis_url)
+    return gateway(policy({"p": fleet.url("a")}, auth=TWO_TENANTS), redis_url=redis_url)
 
 
 def test_hit_as_json_and_as_stream(gw, fleet) -> None:
@@ -115,7 +99,7 @@ def test_single_flight(fleet, gateway, redis_url, redis_prefix, monkeypatch) -> 
     """N concurrent identical misses make one upstream call; every waiter gets the answer."""
     monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
     fleet.reset("slow")
-    gw = gateway(policy(fleet, member="slow"), redis_url=redis_url)
+    gw = gateway(policy({"p": fleet.url("slow")}, auth=TWO_TENANTS), redis_url=redis_url)
     req = body(max_tokens=20)
     with cf.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(post, gw, dict(req, stream=i % 2 == 1)) for i in range(8)]
@@ -139,7 +123,7 @@ def test_single_flight(fleet, gateway, redis_url, redis_prefix, monkeypatch) -> 
 def test_single_flight_failure_reaches_every_waiter(fleet, gateway) -> None:
     fleet.set_faults("c", error_rate=1.0, error_status=[500], slow_first_token_ms=300)
     try:
-        gw = gateway(policy(fleet, member="c"))
+        gw = gateway(policy({"p": fleet.url("c")}, auth=TWO_TENANTS))
         with cf.ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda _: post(gw, body(max_tokens=3)), range(4)))
     finally:
@@ -152,18 +136,18 @@ def test_persists_across_restart_and_shared_between_gateways(
 ) -> None:
     monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
     fleet.reset("a")
-    one = gateway(policy(fleet), redis_url=redis_url)
-    two = gateway(policy(fleet), redis_url=redis_url)
+    one = gateway(policy({"p": fleet.url("a")}, auth=TWO_TENANTS), redis_url=redis_url)
+    two = gateway(policy({"p": fleet.url("a")}, auth=TWO_TENANTS), redis_url=redis_url)
     assert post(one, body(max_tokens=4)).headers["x-gateway-cache"] == "miss"
     assert post(two, body(max_tokens=4)).headers["x-gateway-cache"] == "hit-exact"
     one.__exit__(None, None, None)
-    again = gateway(policy(fleet), redis_url=redis_url)
+    again = gateway(policy({"p": fleet.url("a")}, auth=TWO_TENANTS), redis_url=redis_url)
     assert post(again, body(max_tokens=4)).headers["x-gateway-cache"] == "hit-exact"
     assert upstream_requests(fleet) == 1
 
 
 def test_redis_down_means_misses_not_errors(fleet, gateway) -> None:
-    gw = gateway(policy(fleet), redis_url="redis://127.0.0.1:1/0")
+    gw = gateway(policy({"p": fleet.url("a")}, auth=TWO_TENANTS), redis_url="redis://127.0.0.1:1/0")
     for _ in range(3):
         r = post(gw, body(max_tokens=4))
         assert r.status_code == 200

@@ -2,34 +2,20 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 import httpx
 import pytest
+
+from tests.support import SEMANTIC_ONLY, TWO_TENANTS, policy
 
 pytest.importorskip("faiss", reason="the semantic extra is not installed")
 
 SYSTEM = {"role": "system", "content": "You are a helpful travel assistant."}
 
 
-def policy(fleet) -> str:
-    return f"""
-auth:
-  keys:
-    - {{tenant: t1, key_sha256: {hashlib.sha256(b"key-1").hexdigest()}}}
-    - {{tenant: t2, key_sha256: {hashlib.sha256(b"key-2").hexdigest()}}}
-providers:
-  p: {{base_url: '{fleet.url("a")}'}}
-pools:
-  main: {{members: [p]}}
-models:
-  chat:
-    pool: main
-    cache:
-      exact: {{enabled: false}}
-      semantic: {{enabled: true}}
-"""
+def semantic(fleet) -> str:  # type: ignore[no-untyped-def]
+    return policy({"p": fleet.url("a")}, auth=TWO_TENANTS, alias=SEMANTIC_ONLY)
 
 
 def ask(gw, question: str, key: str = "key-1", earlier: list[dict] | None = None) -> httpx.Response:
@@ -58,7 +44,7 @@ def eventually_hit(gw, question: str, **kw) -> httpx.Response:
 @pytest.fixture
 def gw(fleet, gateway, redis_url, redis_prefix, monkeypatch):
     monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
-    return gateway(policy(fleet), redis_url=redis_url)
+    return gateway(semantic(fleet), redis_url=redis_url)
 
 
 def test_paraphrase_hits_near_miss_does_not(gw) -> None:
@@ -112,14 +98,14 @@ def test_shared_between_gateways_and_across_restart(
     fleet, gateway, redis_url, redis_prefix, monkeypatch
 ) -> None:
     monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
-    one = gateway(policy(fleet), redis_url=redis_url)
-    two = gateway(policy(fleet), redis_url=redis_url)
+    one = gateway(semantic(fleet), redis_url=redis_url)
+    two = gateway(semantic(fleet), redis_url=redis_url)
     ask(one, "What is the best time of year to visit Iceland?")
     r = eventually_hit(two, "When is the best time of the year to visit Iceland?")
     assert r.headers["x-gateway-cache"] == "hit-semantic"
     one.__exit__(None, None, None)
     two.__exit__(None, None, None)
-    three = gateway(policy(fleet), redis_url=redis_url)
+    three = gateway(semantic(fleet), redis_url=redis_url)
     assert (
         eventually_hit(three, "When is the best time of year to visit Iceland?").headers[
             "x-gateway-cache"

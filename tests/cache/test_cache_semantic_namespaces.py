@@ -8,7 +8,6 @@ an answer-changing parameter. Refreshes and refused stores are visible in /metri
 
 from __future__ import annotations
 
-import hashlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import GatewayServer
+from tests.support import SEMANTIC_ONLY, TWO_TENANTS, GatewayServer, policy
 
 pytest.importorskip("faiss", reason="the semantic extra is not installed")
 
@@ -26,34 +25,21 @@ QUESTION = "What is the best time of year to visit Iceland?"
 PARAPHRASE = "When is the best time of the year to visit Iceland?"
 
 
-def policy(fleet: Any) -> str:
-    return f"""
-auth:
-  keys:
-    - {{tenant: t1, key_sha256: {hashlib.sha256(b"key-1").hexdigest()}}}
-    - {{tenant: t2, key_sha256: {hashlib.sha256(b"key-2").hexdigest()}}}
-providers:
-  p: {{base_url: '{fleet.url("a")}'}}
-pools:
-  main: {{members: [p]}}
-models:
-  chat:
-    pool: main
-    cache:
-      exact: {{enabled: false}}
-      semantic: {{enabled: true}}
-  chat-b:
-    pool: main
-    cache:
-      exact: {{enabled: false}}
-      semantic: {{enabled: true}}
-"""
+def two_aliases(url: str, extra: str = "") -> str:
+    """`chat` and `chat-b` on one provider, both with only the semantic cache."""
+    return policy(
+        {"p": url},
+        auth=TWO_TENANTS,
+        alias=SEMANTIC_ONLY,
+        models={"chat-b": {"pool": "main", **SEMANTIC_ONLY}},
+        extra=extra,
+    )
 
 
 @pytest.fixture(scope="module")
 def gw(fleet: Any) -> Iterator[GatewayServer]:
     """One gateway (in-memory semantic cache) for the module: the model loads once."""
-    with GatewayServer(policy(fleet)) as server:
+    with GatewayServer(two_aliases(fleet.url("a"))) as server:
         yield server
 
 
@@ -176,7 +162,9 @@ def test_refresh_burst_waits_instead_of_dropping_and_refusals_are_counted(fleet:
     refreshes does not (each response waits for its store)."""
     import concurrent.futures
 
-    tight = policy(fleet) + "semantic_cache: {queue_max: 2, batch_max: 1, vector_memo: 0}\n"
+    tight = two_aliases(
+        fleet.url("a"), "semantic_cache: {queue_max: 2, batch_max: 1, vector_memo: 0}\n"
+    )
     with GatewayServer(tight) as small:
 
         def burst(cache_control: str | None) -> None:
@@ -197,8 +185,8 @@ def test_late_lookup_races_the_upstream_call(fleet: Any) -> None:
     """With a lookup budget far below a lookup's time, the upstream call starts at once; the
     lookup still answers a paraphrase first (the slow upstream call is cancelled), and a new
     question is answered by the upstream."""
-    slow = policy(fleet).replace(fleet.url("a"), fleet.url("slow"))
-    with GatewayServer(slow + "semantic_cache: {lookup_budget_ms: 0.001}\n") as gw:
+    slow = two_aliases(fleet.url("slow"), "semantic_cache: {lookup_budget_ms: 0.001}\n")
+    with GatewayServer(slow) as gw:
         first = ask(gw, QUESTION)
         assert first.headers["x-gateway-cache"] == "miss"
         deadline = time.monotonic() + 10

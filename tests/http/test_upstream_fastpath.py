@@ -4,31 +4,23 @@ inference routes straight to the pipeline, the rest through FastAPI, client disc
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
-from gateway.http.server import FastRoutes
-from loadtests.simulator.testing import Fleet, run_fleet
-from tests.support import GatewayServer, validate, validate_sse
+from loadtests.simulator.testing import Fleet
+from tests.support import validate, validate_sse
 
-
-@pytest.fixture(scope="module")
-def sims() -> Iterator[Fleet]:
-    with run_fleet(
-        [
-            {"name": "a", "profile": "fast"},
-            {
-                "name": "slow",
-                "profile": "fast",
-                "overrides": {"decode_tps_alone": 10, "decode_tps_full": 10},
-            },
-        ]
-    ) as f:
-        yield f
+FLEET: list[Any] = [
+    {"name": "a", "profile": "fast"},
+    {
+        "name": "slow",
+        "profile": "fast",
+        "overrides": {"decode_tps_alone": 10, "decode_tps_full": 10},
+    },
+]
 
 
 def policy(url: str) -> str:
@@ -43,27 +35,13 @@ models:
 
 
 @pytest.fixture
-def served() -> Iterator[object]:
-    started: list[GatewayServer] = []
-
-    def start(policy_yaml: str) -> GatewayServer:
-        gw = GatewayServer(policy_yaml)
-        gw.config = uvicorn.Config(
-            FastRoutes(gw.app), host="127.0.0.1", port=gw.port, log_level="warning"
-        )
-        gw.server = uvicorn.Server(gw.config)
-        gw.thread.__init__(target=gw.server.run, daemon=True)  # type: ignore[misc]
-        gw.__enter__()
-        started.append(gw)
-        return gw
-
-    yield start
-    for gw in started:
-        gw.__exit__(None, None, None)
+def served(gateway):  # type: ignore[no-untyped-def]
+    """The lean entry behind uvicorn's own HTTP protocol (not the gateway's httptools one)."""
+    return lambda policy_yaml: gateway(policy_yaml, http="auto")
 
 
-def test_chat_unary_and_stream(served, sims: Fleet) -> None:
-    gw = served(policy(sims.url("a")))
+def test_chat_unary_and_stream(served, fleet: Fleet) -> None:
+    gw = served(policy(fleet.url("a")))
     client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
         model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=5
@@ -82,8 +60,8 @@ def test_chat_unary_and_stream(served, sims: Fleet) -> None:
     assert data.rstrip().endswith(b"data: [DONE]")
 
 
-def test_errors_keep_their_shape(served, sims: Fleet) -> None:
-    gw = served(policy(sims.url("a")))
+def test_errors_keep_their_shape(served, fleet: Fleet) -> None:
+    gw = served(policy(fleet.url("a")))
     r = httpx.post(gw.base_url + "/chat/completions", content=b"{not json")
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = httpx.post(gw.base_url + "/chat/completions", json={"model": "nope", "messages": []})
@@ -95,10 +73,10 @@ def test_errors_keep_their_shape(served, sims: Fleet) -> None:
     assert httpx.get(gw.url + "/health").json() == {"status": "ok"}
 
 
-def test_client_disconnect_mid_stream_releases_the_member(served, sims: Fleet) -> None:
-    gw = served(policy(sims.url("slow")))
+def test_client_disconnect_mid_stream_releases_the_member(served, fleet: Fleet) -> None:
+    gw = served(policy(fleet.url("slow")))
     member = gw.app.state.runtime.snapshot.providers["a"].member
-    sims.set_faults("slow", slow_decode=1000.0)  # after the first chunk, ~100 s per token
+    fleet.set_faults("slow", slow_decode=1000.0)  # after the first chunk, ~100 s per token
     try:
         with httpx.stream(
             "POST",
@@ -121,7 +99,7 @@ def test_client_disconnect_mid_stream_releases_the_member(served, sims: Fleet) -
             time.sleep(0.02)
         assert member.inflight == 0
     finally:
-        sims.set_faults("slow")
+        fleet.set_faults("slow")
     # The gateway keeps serving afterwards.
     r = httpx.post(
         gw.base_url + "/chat/completions",

@@ -8,20 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import free_port, wait_http
 
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet([{"name": "a", "profile": "fast"}]) as f:
-        yield f
+FLEET: list[Any] = [{"name": "a", "profile": "fast"}]
 
 
 def children(pid: int) -> set[int]:

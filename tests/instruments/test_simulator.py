@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_FILE = ROOT / "tests" / "data" / "openai_schemas.json"
@@ -84,36 +84,32 @@ def stream_ttft(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[f
 SLOW_PREFILL = {"ttft_base_ms": 5, "prefill_ms_per_token": 0.1}
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    specs: list[Any] = [
-        {"name": "fast", "profile": "fast"},
-        {"name": "prefill", "profile": "fast", "overrides": SLOW_PREFILL},
-        {
-            "name": "batch1",
-            "profile": "fast",
-            "overrides": {"max_batch": 1, "decode_tps_alone": 200, "decode_tps_full": 200},
+FLEET: list[Any] = [
+    {"name": "fast", "profile": "fast"},
+    {"name": "prefill", "profile": "fast", "overrides": SLOW_PREFILL},
+    {
+        "name": "batch1",
+        "profile": "fast",
+        "overrides": {"max_batch": 1, "decode_tps_alone": 200, "decode_tps_full": 200},
+    },
+    {
+        "name": "batch4",
+        "profile": "fast",
+        "overrides": {"max_batch": 4, "decode_tps_alone": 400, "decode_tps_full": 100},
+    },
+    {
+        "name": "q0",
+        "profile": "fast",
+        "overrides": {
+            "max_batch": 1,
+            "max_queue": 0,
+            "decode_tps_alone": 100,
+            "decode_tps_full": 100,
         },
-        {
-            "name": "batch4",
-            "profile": "fast",
-            "overrides": {"max_batch": 4, "decode_tps_alone": 400, "decode_tps_full": 100},
-        },
-        {
-            "name": "q0",
-            "profile": "fast",
-            "overrides": {
-                "max_batch": 1,
-                "max_queue": 0,
-                "decode_tps_alone": 100,
-                "decode_tps_full": 100,
-            },
-        },
-        {"name": "auth", "profile": "fast", "api_key": "sekret"},
-        {"name": "zero", "profile": "zero-latency"},
-    ]
-    with run_fleet(specs) as f:
-        yield f
+    },
+    {"name": "auth", "profile": "fast", "api_key": "sekret"},
+    {"name": "zero", "profile": "zero-latency"},
+]
 
 
 @pytest.fixture(scope="module")

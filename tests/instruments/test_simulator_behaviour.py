@@ -17,7 +17,7 @@ import pytest
 
 from loadtests.simulator.behaviour import apply_stop, needs_plan, pieces_of, tools_to_call
 from loadtests.simulator.schema_values import value_for
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import validate
 
 WEATHER: Any = {
@@ -66,14 +66,10 @@ def ask(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    specs: list[Any] = [
-        {"name": "fast", "profile": "fast"},
-        {"name": "static", "profile": "zero-latency"},
-    ]
-    with run_fleet(specs) as f:
-        yield f
+FLEET: list[Any] = [
+    {"name": "fast", "profile": "fast"},
+    {"name": "static", "profile": "zero-latency"},
+]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 
 BODY: dict[str, Any] = {
     "model": "m",
@@ -20,17 +20,12 @@ BODY: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet(
-        [
-            {"name": "f", "profile": "fast"},
-            {"name": "other", "profile": "fast"},
-            {"name": "zero", "profile": "zero-latency"},
-        ],
-        admin=True,
-    ) as f:
-        yield f
+FLEET: list[Any] = [
+    {"name": "f", "profile": "fast"},
+    {"name": "other", "profile": "fast"},
+    {"name": "zero", "profile": "zero-latency"},
+]
+FLEET_ADMIN = True
 
 
 @pytest.fixture

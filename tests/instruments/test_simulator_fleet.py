@@ -47,10 +47,13 @@ def test_overrides_and_speed_factor() -> None:
 
 
 def test_shipped_fleet_files_are_valid() -> None:
-    for path in ROOT.glob("loadtests/fleet*.yaml"):
+    paths = sorted(ROOT.glob("loadtests/fleet*.yaml"))
+    assert paths, "no loadtests/fleet*.yaml found"
+    for path in paths:
         ff = load_fleet_file(path)
+        assert ff.instances, path
         for spec in ff.instances:
-            resolve_profile(spec)
+            assert resolve_profile(spec) is not None
 
 
 def test_spawned_fleet_process_starts_fast_and_is_controllable() -> None:

@@ -12,13 +12,12 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
-import pytest
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.policy.test_reload import serve, write_atomic
 
 # ~0.8 s per answer: answers begun on the pool the second reload retires (1 s after the first)
@@ -27,10 +26,7 @@ from tests.policy.test_reload import serve, write_atomic
 SLOW = {"decode_tps_alone": 25, "decode_tps_full": 25}
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet([{"name": n, "profile": "fast", "overrides": SLOW} for n in ("a", "b")]) as f:
-        yield f
+FLEET: list[Any] = [{"name": n, "profile": "fast", "overrides": SLOW} for n in ("a", "b")]
 
 
 def policy(fleet: Fleet, version: int) -> str:

@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from gateway.resilience.breaker import BreakerState
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import GatewayServer, validate
 
 AN_KEY, AZ_KEY = "ak-sim-7c1d", "az-sim-93e2"
@@ -37,23 +37,18 @@ WEATHER = {
 PNG = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nfake").decode()
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet(
-        [
-            {"name": "oa", "profile": "fast"},
-            {"name": "oa2", "profile": "fast"},
-            {"name": "an", "profile": "fast", "wire": "anthropic", "api_key": AN_KEY},
-            {
-                "name": "az",
-                "profile": "fast",
-                "wire": "azure",
-                "api_key": AZ_KEY,
-                "overrides": {"models": ["gpt4o-dep", "embed-dep"]},
-            },
-        ]
-    ) as f:
-        yield f
+FLEET: list[Any] = [
+    {"name": "oa", "profile": "fast"},
+    {"name": "oa2", "profile": "fast"},
+    {"name": "an", "profile": "fast", "wire": "anthropic", "api_key": AN_KEY},
+    {
+        "name": "az",
+        "profile": "fast",
+        "wire": "azure",
+        "api_key": AZ_KEY,
+        "overrides": {"models": ["gpt4o-dep", "embed-dep"]},
+    },
+]
 
 
 def root(fleet: Fleet, name: str) -> str:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import orjson
 import pytest
 
 from gateway.policy.schema import Provider, Timeouts
 from gateway.providers.upstream import UpstreamClient, UpstreamFailure
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
+from tests.support import unconnectable_port
 
 PATH = "/chat/completions"
 FAST = Timeouts(connect_s=1.0, first_byte_s=2.0, idle_s=2.0, total_s=5.0)
@@ -29,10 +30,7 @@ def body(stream: bool = False, max_tokens: int = 8) -> bytes:
     )
 
 
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet([{"name": "u", "profile": "fast"}]) as f:
-        yield f
+FLEET: list[Any] = [{"name": "u", "profile": "fast"}]
 
 
 @pytest.fixture
@@ -127,25 +125,10 @@ async def test_stream_broken_mid_way(sim: Fleet) -> None:
 
 
 async def test_connect_timeout() -> None:
-    # A listener whose accept queue is full: the kernel drops further SYNs, connect hangs.
-    with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(0)
-        port = srv.getsockname()[1]
-        fillers = []
-        for _ in range(4):
-            s = socket.socket()
-            s.setblocking(False)
-            with contextlib.suppress(BlockingIOError):
-                s.connect(("127.0.0.1", port))
-            fillers.append(s)
-        t = Timeouts(connect_s=0.2, first_byte_s=2.0, idle_s=2.0, total_s=3.0)
-        try:
-            async with client(f"http://127.0.0.1:{port}/v1") as c:
-                assert await kind_of(c.send(PATH, body(), None, t)) == "connect_timeout"
-        finally:
-            for s in fillers:
-                s.close()
+    t = Timeouts(connect_s=0.2, first_byte_s=2.0, idle_s=2.0, total_s=3.0)
+    with unconnectable_port() as port:
+        async with client(f"http://127.0.0.1:{port}/v1") as c:
+            assert await kind_of(c.send(PATH, body(), None, t)) == "connect_timeout"
 
 
 class DropSecond:

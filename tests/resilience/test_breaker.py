@@ -12,21 +12,11 @@ from gateway.resilience.breaker import (
     CircuitBreaker,
 )
 from gateway.resilience.failures import FailureKind
+from tests.support import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, s: float) -> None:
-        self.t += s
-
-
-def make(**kw: float) -> tuple[CircuitBreaker, Clock, list[BreakerEvent]]:
-    clock = Clock()
+def make(**kw: float) -> tuple[CircuitBreaker, FakeClock, list[BreakerEvent]]:
+    clock = FakeClock(1000.0)
     events: list[BreakerEvent] = []
     defaults = dict(
         window_s=10,

@@ -3,19 +3,15 @@ every way a 200 can be broken is told apart from a success."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from loadtests.chaos_answers import classify, expected_text
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[Fleet]:
-    with run_fleet([{"name": "s", "profile": "low-latency"}]) as f:
-        yield f
+FLEET: list[Any] = [{"name": "s", "profile": "low-latency"}]
 
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "tell me"}], "max_tokens": 6}

@@ -10,18 +10,11 @@ import pytest
 from gateway.resilience.budget import RetryBudget
 from gateway.resilience.failures import FailureKind, is_retryable, parse_retry_after
 from gateway.resilience.retry import Retrier, RetrySettings, backoff_s
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 500.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support import FakeClock
 
 
 def test_budget_caps_retries_during_an_outage() -> None:
-    clock = Clock()
+    clock = FakeClock(500.0)
     budget = RetryBudget(ratio=0.2, min_retries_per_s=1.0, window_s=10, clock=clock)
     retries = 0
     for _ in range(1000):  # 1000 requests over 10 s, all failing, each wanting 2 retries
@@ -35,7 +28,7 @@ def test_budget_caps_retries_during_an_outage() -> None:
 
 
 def test_budget_allows_retries_at_low_failure_rates() -> None:
-    clock = Clock()
+    clock = FakeClock(500.0)
     budget = RetryBudget(ratio=0.2, min_retries_per_s=1.0, window_s=10, clock=clock)
     refused = 0
     for i in range(2000):  # 5% of requests fail once
@@ -47,7 +40,7 @@ def test_budget_allows_retries_at_low_failure_rates() -> None:
 
 
 def test_budget_floor_allows_retries_when_quiet() -> None:
-    clock = Clock()
+    clock = FakeClock(500.0)
     budget = RetryBudget(ratio=0.2, min_retries_per_s=0.5, window_s=10, clock=clock)
     assert [budget.try_spend() for _ in range(6)] == [True] * 5 + [False]
     clock.t += 10.5  # the spent retries leave the window

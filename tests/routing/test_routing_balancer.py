@@ -20,14 +20,7 @@ from gateway.routing import (
     make_balancer,
 )
 from gateway.routing.balancer import Balancer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support import FakeClock
 
 
 @dataclass
@@ -46,7 +39,7 @@ class Sim:
     rate: float = 20.0
     seed: int = 1
     settings: BalancerSettings = field(default_factory=BalancerSettings)
-    clock: Clock = field(default_factory=Clock)
+    clock: FakeClock = field(default_factory=FakeClock)
     members: list[Member] = field(default_factory=list)
     backends: dict[str, Backend] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)

@@ -6,33 +6,27 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from typing import Any
 
 import httpx
-import pytest
 
-from loadtests.simulator.testing import Fleet, run_fleet
+from loadtests.simulator.testing import Fleet
 from tests.support import GatewayServer
 
 SLOWISH = {"decode_tps_alone": 100, "decode_tps_full": 50}  # ~10 ms per token
 
 
-@pytest.fixture(scope="module")
-def sims() -> Iterator[Fleet]:
-    with run_fleet(
-        [
-            {"name": "quick", "profile": "fast"},
-            {"name": "sluggish", "profile": "fast", "speed": 0.05},  # 20x slower
-            {"name": "failing", "profile": "fast"},
-            *({"name": f"f{i}", "profile": "fast", "overrides": SLOWISH} for i in range(3)),
-        ]
-    ) as fleet:
-        yield fleet
+FLEET: list[Any] = [
+    {"name": "quick", "profile": "fast"},
+    {"name": "sluggish", "profile": "fast", "speed": 0.05},  # 20x slower
+    {"name": "failing", "profile": "fast"},
+    *({"name": f"f{i}", "profile": "fast", "overrides": SLOWISH} for i in range(3)),
+]
 
 
-def policy(sims: Fleet, members: list[str], extra_pool: str = "", extra_provider: str = "") -> str:
+def policy(fleet: Fleet, members: list[str], extra_pool: str = "", extra_provider: str = "") -> str:
     providers = "\n".join(
-        f"  {n}: {{base_url: '{sims.url(n)}', models: {{'*': sim}}{extra_provider}}}"
+        f"  {n}: {{base_url: '{fleet.url(n)}', models: {{'*': sim}}{extra_provider}}}"
         for n in members
     )
     return f"""
@@ -74,8 +68,8 @@ def chat(user: str, system: str | None = None, max_tokens: int = 10) -> dict:
     return {"model": "chat", "messages": msgs, "max_tokens": max_tokens}
 
 
-def test_slow_member_gets_less_traffic(sims) -> None:
-    with GatewayServer(policy(sims, ["quick", "sluggish"])) as gw:
+def test_slow_member_gets_less_traffic(fleet) -> None:
+    with GatewayServer(policy(fleet, ["quick", "sluggish"])) as gw:
         results = send_many(gw.base_url, [chat(f"question {i}") for i in range(90)], threads=6)
     assert all(status == 200 for status, _ in results)
     share = Counter(p for _, p in results)
@@ -86,17 +80,17 @@ def test_slow_member_gets_less_traffic(sims) -> None:
     assert share["sluggish"] <= 24 and share["quick"] >= 66, share
 
 
-def test_fast_failing_member_is_penalised(sims) -> None:
+def test_fast_failing_member_is_penalised(fleet) -> None:
     # The breaker never trips here: only the member's falling success share steers traffic.
     lenient = ", breaker: {consecutive_failures: 0, min_requests: 100000}"
-    sims.reset("failing")
-    sims.set_faults("failing", error_rate=1.0, error_status=[500])
+    fleet.reset("failing")
+    fleet.set_faults("failing", error_rate=1.0, error_status=[500])
     try:
-        with GatewayServer(policy(sims, ["quick", "failing"], extra_provider=lenient)) as gw:
+        with GatewayServer(policy(fleet, ["quick", "failing"], extra_provider=lenient)) as gw:
             results = send_many(gw.base_url, [chat(f"q {i}", max_tokens=4) for i in range(60)], 4)
-        attempts = sims.stats("failing")["requests"]
+        attempts = fleet.stats("failing")["requests"]
     finally:
-        sims.clear_faults("failing")
+        fleet.clear_faults("failing")
     assert all(r == (200, "quick") for r in results), Counter(results)
     # Failing everything makes it cost 20x a healthy member: it is hardly tried again.
     assert 1 <= attempts <= 6, attempts
@@ -109,25 +103,25 @@ def system_prompt(i: int) -> str:
     return f"You are assistant number {i} of the ACME help desk. Follow handbook {i}. " * 8
 
 
-def test_affinity_keeps_a_system_prompt_on_one_member(sims) -> None:
+def test_affinity_keeps_a_system_prompt_on_one_member(fleet) -> None:
     members = ["f0", "f1", "f2"]
-    before = sum(sims.stats(m)["prefix_cache_hit_tokens"] for m in members)
+    before = sum(fleet.stats(m)["prefix_cache_hit_tokens"] for m in members)
     bodies = [chat(f"question {q}", system_prompt(s), 2) for s in range(9) for q in range(3)]
-    with GatewayServer(policy(sims, members, AFFINITY)) as gw:
+    with GatewayServer(policy(fleet, members, AFFINITY)) as gw:
         results = send_many(gw.base_url, bodies, threads=1)  # one at a time: no load to balance
     assert all(status == 200 for status, _ in results)
     owners = [{p for _, p in results[3 * s : 3 * s + 3]} for s in range(9)]
     assert all(len(o) == 1 for o in owners), owners  # every prompt sticks to one member
     assert len(set.union(*owners)) >= 2, owners  # different prompts spread over members
     # The 2nd and 3rd request of each prompt reuse the KV cache of the member that owns it.
-    assert sum(sims.stats(m)["prefix_cache_hit_tokens"] for m in members) - before > 9 * 2 * 100
+    assert sum(fleet.stats(m)["prefix_cache_hit_tokens"] for m in members) - before > 9 * 2 * 100
 
 
-def test_hot_prefix_spills_under_bounded_load(sims) -> None:
+def test_hot_prefix_spills_under_bounded_load(fleet) -> None:
     members = ["f0", "f1", "f2"]
     hot = system_prompt(99)
     bodies = [chat(f"question {q}", hot, 40) for q in range(12)]  # ~400 ms each, all at once
-    with GatewayServer(policy(sims, members, AFFINITY)) as gw:
+    with GatewayServer(policy(fleet, members, AFFINITY)) as gw:
         results = send_many(gw.base_url, bodies, threads=12)
     assert all(status == 200 for status, _ in results)
     load = Counter(p for _, p in results)

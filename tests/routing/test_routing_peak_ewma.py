@@ -7,22 +7,15 @@ import math
 import pytest
 
 from gateway.routing import BalancerSettings, Member, PeakEwma, latency_signal
+from tests.support import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def make(clock: Clock, **kw: float) -> PeakEwma:
+def make(clock: FakeClock, **kw: float) -> PeakEwma:
     return PeakEwma(clock=clock, **kw)
 
 
 def test_unmeasured_member_is_probed_then_penalised() -> None:
-    e = make(Clock(), penalty_s=60.0)
+    e = make(FakeClock(100.0), penalty_s=60.0)
     assert not e.has_history
     assert e.cost(0) == 0.0  # idle: try it
     assert e.cost(1) == 61.0  # first probe in flight: stay away
@@ -30,7 +23,7 @@ def test_unmeasured_member_is_probed_then_penalised() -> None:
 
 
 def test_estimate_decays_towards_zero_between_observations() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     e = make(c, decay_s=10.0)
     e.observe(1.0)
     assert e.estimate() == 1.0
@@ -42,7 +35,7 @@ def test_estimate_decays_towards_zero_between_observations() -> None:
 
 
 def test_higher_observation_jumps_to_the_peak() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     e = make(c)
     e.observe(0.1)
     c.t += 0.01
@@ -51,7 +44,7 @@ def test_higher_observation_jumps_to_the_peak() -> None:
 
 
 def test_lower_observation_moves_by_time_weight() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     e = make(c, decay_s=10.0)
     e.observe(1.0)
     c.t += 1.0
@@ -61,7 +54,7 @@ def test_lower_observation_moves_by_time_weight() -> None:
 
 
 def test_steady_observations_converge_to_their_value() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     e = make(c, decay_s=10.0)
     e.observe(3.0)  # an early slow outlier
     for _ in range(2000):
@@ -71,7 +64,7 @@ def test_steady_observations_converge_to_their_value() -> None:
 
 
 def test_reading_does_not_change_the_state() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     a, b = make(c), make(c)
     a.observe(1.0)
     b.observe(1.0)
@@ -85,7 +78,7 @@ def test_reading_does_not_change_the_state() -> None:
 
 
 def test_failures_hold_the_estimate_without_changing_it() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     e = make(c, decay_s=10.0)
     e.observe(0.2)
     c.t += 10.0
@@ -101,7 +94,7 @@ def test_failures_hold_the_estimate_without_changing_it() -> None:
 
 
 def test_estimate_stays_finite_whatever_it_is_fed() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     e = make(c)
     for bad in (float("inf"), 1e300, -5.0, float("nan")):
         e.observe(bad)
@@ -113,7 +106,7 @@ def test_estimate_stays_finite_whatever_it_is_fed() -> None:
 
 
 def test_cost_scales_with_in_flight() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     e = make(c)
     e.observe(0.5)
     assert e.cost(0) == 0.5
@@ -126,7 +119,7 @@ def test_decay_must_be_positive() -> None:
 
 
 def test_member_begin_end_tracks_load_and_outcome() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     m = BalancerSettings().make_member("a", max_inflight=2, clock=c)
     assert m.has_capacity()
     m.begin()
@@ -146,7 +139,7 @@ def test_member_begin_end_tracks_load_and_outcome() -> None:
 
 
 def test_member_cost_uses_weight_and_load() -> None:
-    c = Clock()
+    c = FakeClock(100.0)
     m = Member("a", weight=2.0, clock=c)
     m.ewma.observe(1.0)
     m.begin()
@@ -166,9 +159,9 @@ def test_latency_signal_rule() -> None:
 
 def test_settings_configure_the_estimate() -> None:
     s = BalancerSettings.model_validate({"decay_s": 5, "penalty_ms": 1000, "failure_decay_s": 3})
-    e = s.make_ewma(Clock())
+    e = s.make_ewma(FakeClock(100.0))
     assert e.penalty_s == 1.0
-    assert s.make_member("a", clock=Clock()).failure_decay_s == 3.0
+    assert s.make_member("a", clock=FakeClock(100.0)).failure_decay_s == 3.0
     with pytest.raises(ValueError):
         BalancerSettings.model_validate({"strategy": "fastest"})
     with pytest.raises(ValueError):

@@ -13,13 +13,14 @@ import random
 import pytest
 
 from gateway.routing import BalancerSettings, Member, P2CPeakEwma
-from tests.routing.test_routing_balancer import Backend, Clock, Sim, share
+from tests.routing.test_routing_balancer import Backend, Sim, share
+from tests.support import FakeClock
 
 KINDS = ("connect_error", "first_byte_timeout", "idle_timeout", "upstream_5xx", "broken_answer")
 LATENCIES = (0.0, 0.001, 0.5, 3.0, 30.0, 600.0, 1e9, float("inf"), float("nan"))
 
 
-def twins(clock: Clock) -> tuple[Member, Member]:
+def twins(clock: FakeClock) -> tuple[Member, Member]:
     """Two members with the same healthy history."""
     s = BalancerSettings(decay_s=10.0, failure_decay_s=2.0)
     a, b = s.make_member("failing", clock=clock), s.make_member("peer", clock=clock)
@@ -31,7 +32,7 @@ def twins(clock: Clock) -> tuple[Member, Member]:
     return a, b
 
 
-def fail_randomly(m: Member, clock: Clock, rng: random.Random, n: int) -> None:
+def fail_randomly(m: Member, clock: FakeClock, rng: random.Random, n: int) -> None:
     for _ in range(n):
         clock.t += rng.choice((0.0, 0.001, 0.05, 1.0, 30.0))
         m.begin()
@@ -46,7 +47,7 @@ def fail_randomly(m: Member, clock: Clock, rng: random.Random, n: int) -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_any_failure_sequence_one_success_and_four_seconds_bring_it_back(seed: int) -> None:
     rng = random.Random(seed)
-    clock = Clock()
+    clock = FakeClock()
     failing, peer = twins(clock)
     fail_randomly(failing, clock, rng, rng.choice((1, 5, 50, 720, 3000)))
     failing.begin()
@@ -62,7 +63,7 @@ def test_any_failure_sequence_one_success_and_four_seconds_bring_it_back(seed: i
 def test_a_shunned_member_is_probed_again_without_any_success(seed: int) -> None:
     """Decay towards a probe: with no traffic at all, failures fade within seconds."""
     rng = random.Random(100 + seed)
-    clock = Clock()
+    clock = FakeClock()
     failing, peer = twins(clock)
     fail_randomly(failing, clock, rng, 200)
     clock.t += 6.0
@@ -72,7 +73,7 @@ def test_a_shunned_member_is_probed_again_without_any_success(seed: int) -> None
 
 
 def test_a_member_that_never_answered_and_failed_is_probed_again() -> None:
-    clock = Clock()
+    clock = FakeClock()
     m = BalancerSettings().make_member("new", clock=clock)
     for _ in range(100):
         m.begin()
@@ -84,7 +85,7 @@ def test_a_member_that_never_answered_and_failed_is_probed_again() -> None:
 
 def test_estimate_is_finite_after_hundreds_of_slow_failures() -> None:
     """The old rule multiplied the estimate by 4 per slow failure: inf after ~720 of them."""
-    clock = Clock()
+    clock = FakeClock()
     failing, peer = twins(clock)
     for _ in range(720):
         clock.t += 0.01
