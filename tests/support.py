@@ -84,6 +84,8 @@ TWO_TENANTS = {
         for i in (1, 2)
     ]
 }
+# A `retry` section: retries at once (no backoff).
+NO_BACKOFF = {"base_backoff_ms": 0, "max_backoff_ms": 0}
 # An alias's `cache` fields: the semantic cache only.
 SEMANTIC_ONLY = {"cache": {"exact": {"enabled": False}, "semantic": {"enabled": True}}}
 

@@ -10,23 +10,14 @@ import httpx
 import pytest
 
 from loadtests.simulator.testing import Fleet
-from tests.support import GatewayServer
+from tests.support import NO_BACKOFF, GatewayServer, policy
 
 FLEET = ["a", "b"]
 pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
 
 
-def policy(fleet: Fleet) -> str:
-    return f"""
-providers:
-  a: {{base_url: '{fleet.url("a")}'}}
-  b: {{base_url: '{fleet.url("b")}'}}
-pools:
-  main: {{members: [a, b], balancer: {{strategy: round_robin}}}}
-models:
-  chat: {{pool: main}}
-retry: {{base_backoff_ms: 0, max_backoff_ms: 0}}
-"""
+def round_robin_ab(fleet: Fleet) -> str:
+    return policy(fleet, "a", "b", pool={"balancer": {"strategy": "round_robin"}}, retry=NO_BACKOFF)
 
 
 def boom(*_: Any, **__: Any) -> Any:
@@ -37,7 +28,7 @@ def test_exception_in_an_attempt_is_retried_never_a_500(
     fleet: Fleet,
     gateway: Callable[..., GatewayServer],
 ) -> None:
-    gw = gateway(policy(fleet))
+    gw = gateway(round_robin_ab(fleet))
     a = gw.runtime.snapshot.providers["a"]
     a.client.send = boom
     a.client.open_stream = boom
@@ -59,7 +50,7 @@ def test_exception_on_every_member_is_a_clean_502(
     fleet: Fleet,
     gateway: Callable[..., GatewayServer],
 ) -> None:
-    gw = gateway(policy(fleet))
+    gw = gateway(round_robin_ab(fleet))
     for p in gw.runtime.snapshot.providers.values():
         p.client.send = boom
     r = httpx.post(

@@ -13,21 +13,15 @@ import openai
 import pytest
 
 from loadtests.simulator.testing import Fleet
-from tests.support import MSG, requests_at, validate
+from tests.support import MSG, policy, requests_at, validate
 
 FLEET = ["a", "b"]
 
 
 def resume_policy(fleet: Fleet) -> str:
-    return f"""
-providers:
-  a: {{base_url: '{fleet.url("a")}'}}
-  b: {{base_url: '{fleet.url("b")}'}}
-pools:
-  main: {{members: [a, b], balancer: {{strategy: round_robin}}}}
-models:
-  chat: {{pool: main, resume: true}}
-"""
+    return policy(
+        fleet, "a", "b", pool={"balancer": {"strategy": "round_robin"}}, alias={"resume": True}
+    )
 
 
 def unbroken(fleet: Fleet, **body) -> str:  # type: ignore[no-untyped-def]
