@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from gateway.observability.tracing import RequestTrace
+# Set in the ASGI scope by the HTTP protocol when the request body did not arrive in time.
+READ_TIMEOUT_KEY = "gateway.read_timeout"
+
+
+class RequestSpans(Protocol):
+    """What the request path tells a request's trace (gateway.observability.tracing.RequestTrace;
+    a protocol so that this module imports nothing of the layers above it)."""
+
+    recording: bool
+
+    def attempt(self, pool: str, member: Any, number: int) -> None: ...
+
+    def attempt_failed(self, failure: Any) -> None: ...
+
+    def upstream_headers(self) -> dict[str, str]: ...
 
 
 @dataclass(slots=True)
@@ -40,18 +52,11 @@ class Context:
     request_body: bytes | None = None
     response_body: bytes | None = None
     # Spans of this request; None when tracing is off (nothing is created on the hot path).
-    trace: RequestTrace | None = None
+    trace: RequestSpans | None = None
     # Governance: the admitted request's ticket, the rate-limit headers, the request's cost.
     governance: Any = None
     extra_headers: dict[str, str] | None = None
     cost_usd: float | None = None
-    # Set for streams: called once when the stream has ended (the request is then recorded).
-    on_done: Callable[[Context], None] | None = None
-
-    def done(self) -> None:
-        cb, self.on_done = self.on_done, None
-        if cb is not None:
-            cb(self)
 
     def headers(self) -> dict[str, str]:
         h = {"x-request-id": self.request_id, "x-gateway-cache": self.cache}

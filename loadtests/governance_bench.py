@@ -146,7 +146,7 @@ async def _in_process(redis_url: str, n: int) -> str:
     """The governance step alone (admit + record), µs per request, same Redis, same interleaving."""
     from gateway.context import Context
     from gateway.infra.shared_state import SharedState
-    from gateway.pipeline.classify import decide
+    from gateway.routing.decision import decide
     from gateway.pipeline.stack import Pipeline
     from gateway.policy.loader import parse_policy
     from gateway.runtime import Runtime

@@ -241,7 +241,7 @@ def affinity(args: argparse.Namespace, wd: Path) -> dict[str, Any]:
 
 def classify(args: argparse.Namespace, wd: Path) -> dict[str, Any]:
     """p50 of token estimation (loadtests.classify_cost) and of the whole routing decision."""
-    from gateway.pipeline.classify import decide
+    from gateway.routing.decision import decide
     from gateway.policy.loader import load_policy
     from gateway.wire.request import accept
     from loadtests.classify_cost import chat_body as cost_body

@@ -36,7 +36,7 @@ from gateway.wire.sse import encode_event, event_data
 
 if TYPE_CHECKING:
     from gateway.context import Context
-    from gateway.pipeline.classify import Decision
+    from gateway.routing.decision import Decision
     from gateway.runtime import Runtime, Snapshot
     from gateway.wire.request import Accepted
 

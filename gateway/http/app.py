@@ -26,7 +26,6 @@ from gateway.apis.response_store import ResponseStore
 from gateway.cache.semantic_layer import SemanticLayer
 from gateway.context import Context
 from gateway.errors import GatewayError
-from gateway.governance.admin_api import governance_router
 from gateway.governance.metrics import GovernanceCollector
 from gateway.http.admin import (
     AdminViews,
@@ -36,6 +35,7 @@ from gateway.http.admin import (
     require_admin,
 )
 from gateway.http.drain import Drain
+from gateway.http.governance_admin import governance_router
 from gateway.http.protocol import configure_connections
 from gateway.infra.shared_state import SharedState
 from gateway.infra.shares import Membership, Shares
@@ -46,7 +46,8 @@ from gateway.observability.metrics_workers import WorkerMetrics
 from gateway.observability.recent import RecentRequests
 from gateway.observability.tracing import Tracing
 from gateway.pipeline.explain import explain_http
-from gateway.pipeline.stack import Pipeline, read_body
+from gateway.pipeline.stack import Pipeline
+from gateway.pipeline.stages.accept import read_body
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
 from gateway.resilience.degradation import Fallbacks
@@ -128,12 +129,14 @@ def create_app(
     reloader = PolicyReloader(policy_path, apply, state, replica_id())
     # 7. Record: traces, metrics, the dashboard's last minute, the access log.
     tracing = Tracing.from_env()
-    tracing.install(pipeline)
+    pipeline.set_tracing(tracing)
     request_metrics = metrics.RequestMetrics(runtime) if metrics_enabled() else None
     recent = RecentRequests() if metrics_enabled() else None
     for observer in (request_metrics, recent, AccessLog.from_env()):
         pipeline.observe(observer)
-    collector = metrics.GatewayCollector(request_metrics, runtime, pipeline, fallbacks, reloader)
+    collector = metrics.GatewayCollector(
+        request_metrics, runtime, pipeline.dispatcher, pipeline.semantic, fallbacks, reloader
+    )
     registry = metrics.make_registry(collector)
     governance = pipeline.governance
     registry.register(GovernanceCollector(governance))
@@ -277,7 +280,7 @@ def create_app(
     @app.post("/v1/gateway/explain")
     async def explain(request: Request) -> Response:
         """The routing decision for a request body, without sending it anywhere."""
-        return _json(await explain_http(request, runtime.snapshot, pipeline.dispatcher.router))
+        return await explain_http(request, pipeline)
 
     def _model_entry(name: str) -> dict[str, object]:
         snap = runtime.snapshot

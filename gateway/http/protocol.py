@@ -29,10 +29,11 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.context import READ_TIMEOUT_KEY
+
 log = logging.getLogger("gateway.http")
 
 # Scope key set when the body timeout fired: the pipeline then records a 408, not a 499.
-READ_TIMEOUT_KEY = "gateway.read_timeout"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -26,10 +26,13 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from gateway.cache.semantic_layer import SemanticLayer
     from gateway.context import Context
-    from gateway.pipeline.stack import Pipeline
     from gateway.policy.watcher import PolicyReloader
+    from gateway.resilience.admission import Admission
+    from gateway.resilience.budget import RetryBudget
     from gateway.resilience.degradation import Fallbacks
+    from gateway.resilience.hedge import HedgeTracker
     from gateway.runtime import Runtime
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -156,6 +159,14 @@ class RequestMetrics:
             acc[2] += (inp * price.input_per_1m + out * price.output_per_1m) / 1e6
 
 
+class FailoverState(Protocol):
+    """What the failover stage keeps that a scrape reads (gateway.pipeline.stages.failover)."""
+
+    admission: Admission
+    budget: RetryBudget
+    hedges: HedgeTracker
+
+
 class GatewayCollector(Collector):
     """Reads request counters and the runtime's live state at scrape time."""
 
@@ -163,11 +174,13 @@ class GatewayCollector(Collector):
         self,
         requests: RequestMetrics | None,
         runtime: Runtime,
-        pipeline: Pipeline,
+        failover: FailoverState,
+        semantic: SemanticLayer,
         fallbacks: Fallbacks,
         reloader: PolicyReloader,
     ) -> None:
-        self.req, self.runtime, self.pipeline = requests, runtime, pipeline
+        self.req, self.runtime = requests, runtime
+        self.failover, self.semantic = failover, semantic
         self.fallbacks, self.reloader = fallbacks, reloader
         self.deferred_length = 0  # refreshed (async) before each scrape
 
@@ -221,7 +234,7 @@ class GatewayCollector(Collector):
         yield from (state, ewma, inflight, drained, auth_failed, attempts, failures)
 
     def _pools(self) -> Iterator[Metric]:
-        stats = self.pipeline.dispatcher.admission.stats
+        stats = self.failover.admission.stats
         depth = GaugeMetricFamily(
             "gateway_admission_queue_depth", "Requests waiting for a free member.", labels=["pool"]
         )
@@ -243,7 +256,7 @@ class GatewayCollector(Collector):
             admitted.add_metric([pool], s.admitted_after_wait if s else 0)
             shed.add_metric([pool], s.shed if s else 0)
         yield from (depth, wait, admitted, shed)
-        requests, retries = self.pipeline.dispatcher.budget.counts()
+        requests, retries = self.failover.budget.counts()
         budget = GaugeMetricFamily(
             "gateway_retry_budget_window",
             "Requests and retries in the retry budget's window.",
@@ -252,7 +265,7 @@ class GatewayCollector(Collector):
         budget.add_metric(["requests"], requests)
         budget.add_metric(["retries"], retries)
         yield budget
-        tracker = self.pipeline.dispatcher.hedges
+        tracker = self.failover.hedges
         hedges = CounterMetricFamily(
             "gateway_hedges",
             "Hedged attempts sent (a second member asked while the first was slow), and those "
@@ -271,7 +284,7 @@ class GatewayCollector(Collector):
             "Requests waiting in the deferred (replay) queue.",
             value=self.deferred_length,
         )
-        semantic = self.pipeline.semantic
+        semantic = self.semantic
         lookups = CounterMetricFamily(
             "gateway_semantic_lookups",
             "Semantic cache lookups by outcome; a rejection names what refused the most similar "

@@ -25,7 +25,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from opentelemetry.context import Context as OtelContext
 from opentelemetry.sdk.resources import Resource
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
     from gateway.context import Context
-    from gateway.pipeline.stack import Pipeline
     from gateway.providers.upstream import UpstreamFailure
     from gateway.runtime import ProviderState
 
@@ -206,7 +205,7 @@ def stage(ctx: Context, name: str) -> AbstractContextManager[None]:
     trace = ctx.trace
     if trace is None or not trace.recording:
         return _NOOP
-    return _Stage(trace, name, ctx)
+    return _Stage(cast(RequestTrace, trace), name, ctx)
 
 
 def upstream_headers(ctx: Context) -> dict[str, str] | None:
@@ -236,15 +235,8 @@ class Tracing:
         if tracer is not None:
             ctx.trace = RequestTrace(tracer, request.headers, request.scope["path"])
 
-    def install(self, pipeline: Pipeline) -> None:
-        """Make this the pipeline's tracing; its observer runs first (spans end closest to the
-        response)."""
-        pipeline.tracing = self
-        if self.enabled and self.finish not in pipeline.observers:
-            pipeline.observers.insert(0, self.finish)
-
     def finish(self, ctx: Context) -> None:
-        """Observer: end the request's spans."""
+        """End the request's spans (the Trace stage, once the answer has ended)."""
         trace, ctx.trace = ctx.trace, None
         if trace is not None:
             trace.end(ctx)

@@ -1,4 +1,4 @@
-"""The members a request tries, in order, and the bookkeeping around each attempt.
+"""The members a request tries, in order; each one tried is an `Attempt` (gateway.pipeline.attempt).
 
 Pools in the decision's chain are walked in order; inside a pool, up to `max_attempts` members are
 picked by the router, each at most once. A member is only used after its breaker admits the
@@ -14,11 +14,10 @@ import time
 
 from gateway.context import Context
 from gateway.errors import GatewayError
-from gateway.pipeline.classify import Decision
+from gateway.pipeline.attempt import Attempt
 from gateway.pipeline.router import Router
-from gateway.providers.upstream import UpstreamFailure
 from gateway.resilience.admission import Admission
-from gateway.resilience.failures import FailureKind, failure_kind
+from gateway.routing.decision import Decision
 from gateway.runtime import ProviderState, Snapshot
 
 
@@ -45,6 +44,10 @@ class Candidates:
         self.chain, self.key = decision.chain, decision.prefix_key
         self.tried: set[str] = set()
         self.per_pool: dict[str, int] = {}
+
+    def attempt(self, member: ProviderState) -> Attempt:
+        """The scoped attempt on a member this iterator returned."""
+        return Attempt(member, self.ctx, self.admission)
 
     def __aiter__(self) -> Candidates:
         return self
@@ -163,49 +166,3 @@ class Candidates:
                 raise StopAsyncIteration
         self.admission.record(pool, time.monotonic() - start, admitted=False)
         raise Shed(pool, settings.retry_after_s)
-
-
-def settle_success(member: ProviderState, latency_s: float, admission: Admission) -> None:
-    member.member.end(latency_s)
-    member.breaker.record_success()
-    member.auth_failed_at = None
-    admission.released()
-
-
-def settle_failure(
-    member: ProviderState, f: UpstreamFailure, elapsed_s: float, ctx: Context, admission: Admission
-) -> None:
-    ctx.failures.append(f"{member.name}:{f.kind}")
-    if ctx.trace is not None:
-        ctx.trace.attempt_failed(f)
-    kind = failure_kind(f.kind)
-    routing = member.member
-    if kind is FailureKind.UPSTREAM_4XX or kind is FailureKind.UNSUPPORTED:
-        routing.release()  # the request's fault (or the type's reach), not the member's
-        member.breaker.release()
-        admission.released()
-        return
-    if kind is FailureKind.UPSTREAM_AUTH:
-        member.auth_failed_at = time.monotonic()
-    # Every other failure, fast or slow, whatever its kind (broken answers included), lowers the
-    # member's success share without touching its latency estimate (see Member.fail_fast): a
-    # latency penalty would hide the member after a single error, so its breaker would never
-    # see the failures it needs to trip, and a recovered member would stay shunned for minutes.
-    routing.fail_fast(f.kind)
-    member.breaker.record_failure(kind)
-    if kind is FailureKind.RATE_LIMITED:
-        member.breaker.cool_down(f.retry_after if f.retry_after is not None else 1.0)
-    admission.released()
-
-
-def settle_outrun(member: ProviderState, elapsed_s: float, admission: Admission) -> None:
-    """An attempt cancelled because another one answered first (see Member.outrun)."""
-    member.member.outrun(elapsed_s)
-    member.breaker.release()
-    admission.released()
-
-
-def settle_cancelled(member: ProviderState, admission: Admission) -> None:
-    member.member.release()
-    member.breaker.release()
-    admission.released()

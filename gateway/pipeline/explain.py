@@ -14,13 +14,17 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
+from starlette.responses import Response
 
 from gateway import errors
-from gateway.cache.exact import cacheable
-from gateway.pipeline.classify import PRIORITY_HEADER, Decision, decide
+from gateway.context import Context
+from gateway.pipeline.call import Call
 from gateway.pipeline.router import Router
-from gateway.pipeline.stack import read_body
+from gateway.pipeline.stack import Pipeline, new_request_id
+from gateway.pipeline.stages.accept import read_body
+from gateway.pipeline.stages.cache import describe
 from gateway.policy.schema import Policy
+from gateway.routing.decision import Decision, decide
 from gateway.runtime import ProviderState, Snapshot
 from gateway.wire.request import Accepted, accept
 
@@ -35,25 +39,6 @@ def infer_endpoint(body: object) -> str:
         if "input" in body:
             return "embeddings"
     return "chat"
-
-
-def _cache(acc: Accepted, decision: Decision, cache_control: str | None) -> dict[str, Any]:
-    settings = decision.alias.cache.exact
-    reason = None
-    if not settings.enabled:
-        reason = "exact cache disabled for this alias"
-    elif acc.endpoint != "embeddings" and not cacheable(acc.body, settings):
-        reason = "sampled request (temperature is not 0)"
-    elif cache_control and "no-store" in cache_control.lower():
-        reason = "cache-control: no-store"
-    return {
-        "exact": {
-            "enabled": settings.enabled,
-            "cacheable": reason is None,
-            "reason": reason,
-            "ttl_s": settings.ttl_s,
-        }
-    }
 
 
 def _static(
@@ -72,7 +57,7 @@ def _static(
         "prefix_key": decision.prefix_key.hex() if decision.prefix_key is not None else None,
         "affinity": decision.prefix_key is not None,
         "stream": acc.stream,
-        "cache": _cache(acc, decision, cache_control),
+        "cache": describe(acc, decision.alias, cache_control),
     }
 
 
@@ -128,12 +113,11 @@ def explain_live(
     snap: Snapshot,
     router: Router,
     acc: Accepted,
+    decision: Decision,
     tenant: str,
-    priority: str | None = None,
     cache_control: str | None = None,
 ) -> dict[str, Any]:
     """The decision plus the member the router would pick now and every pool member's state."""
-    decision = decide(snap.policy, acc, tenant, priority)
     out = _static(snap.policy, acc, decision, cache_control)
     out["tenant"] = tenant
     out["policy_version"] = snap.version
@@ -164,20 +148,33 @@ def accept_any(raw: bytes, endpoint: str | None = None, **limits: int) -> Accept
     return accept(raw, endpoint, **limits)  # type: ignore[arg-type]
 
 
-async def explain_http(request: Request, snap: Snapshot, router: Router) -> dict[str, Any]:
-    """`POST /v1/gateway/explain`: authenticate as usual, decide, show; nothing is sent."""
-    tenant = snap.keys.tenant_for(request.headers.get("authorization"))
+async def explain_http(request: Request, pipeline: Pipeline) -> Response:
+    """`POST /v1/gateway/explain`: the same stages as a request (authenticated as usual), ending
+    in a dry run: what the router would pick now, nothing sent, nothing counted."""
+    snap = pipeline.runtime.snapshot
     raw = await read_body(request, snap.policy.server.max_body_bytes)
-    server = snap.policy.server
-    acc = accept_any(
-        raw,
-        request.query_params.get("endpoint"),
-        max_n=server.max_n,
-        max_depth=server.max_json_depth,
-    )
-    if acc.model not in snap.policy.models:
-        raise errors.model_not_found(acc.model)
-    headers = request.headers
-    return explain_live(
-        snap, router, acc, tenant, headers.get(PRIORITY_HEADER), headers.get("cache-control")
-    )
+    endpoint = request.query_params.get("endpoint")
+    if endpoint is None:
+        try:
+            endpoint = infer_endpoint(orjson.loads(raw))
+        except orjson.JSONDecodeError:
+            endpoint = "chat"  # Accept answers with the proper invalid-JSON error
+    if endpoint not in ("chat", "completions", "embeddings"):
+        raise errors.bad_request(f"Unknown endpoint '{endpoint}'.", param="endpoint")
+    ctx = Context(new_request_id(), time.perf_counter())
+    call = Call(ctx, snap, endpoint)  # type: ignore[arg-type]
+    call.headers, call.raw, call.dry_run = request.headers, raw, True
+    router = pipeline.dispatcher.router
+
+    async def dry_run(call: Call) -> Response:
+        out = explain_live(
+            call.snap,
+            router,
+            call.acc,
+            call.decision,
+            ctx.tenant,
+            call.headers.get("cache-control"),
+        )
+        return Response(orjson.dumps(out), media_type="application/json")
+
+    return await pipeline.explain_stack(dry_run)(call)

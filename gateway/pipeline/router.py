@@ -11,25 +11,11 @@ import copy
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from gateway.policy.schema import Alias, Policy
 from gateway.routing.affinity import pick_affine
 from gateway.routing.member import Member
 from gateway.runtime import ProviderState, Snapshot
 
 Available = Callable[[ProviderState], bool]
-
-
-def pool_chain(policy: Policy, alias: Alias, request_class: str) -> list[str]:
-    """The class's pool first, then each pool's fallbacks breadth-first, without repeats."""
-    first = alias.routes.get(request_class, alias.pool)
-    chain = [first]
-    i = 0
-    while i < len(chain):
-        for fb in policy.pools[chain[i]].fallback:
-            if fb not in chain:
-                chain.append(fb)
-        i += 1
-    return chain
 
 
 @dataclass(slots=True, frozen=True)

@@ -11,9 +11,10 @@ and their errors. An adapter maps one provider's wire format onto that, in four 
 - errors, into the gateway's failure kinds (`failure`), with the body rewritten into OpenAI's
   error shape so that the pass-through of a 4xx and the context-overflow rewrite see one shape.
 
-An adapter whose provider speaks OpenAI as it is sets `passthrough = True`: the dispatcher then
-sends the client's body with only the model replaced and relays the answer bytes untouched (the
-hot path, no copy). Adding an adapter: subclass `Adapter`, decorate it with `@register`, import
+The failover stage talks to every provider through two calls, `send` (unary) and `open_stream`;
+what they do by default is the mapping above. An adapter whose provider speaks OpenAI as it is
+sets `passthrough = True`: the client's body then goes out with only the model replaced and the
+answer bytes come back untouched (the hot path, no copy). Adding an adapter: subclass `Adapter`, decorate it with `@register`, import
 its module in gateway/providers/__init__.py and add its name to `settings.ProviderType`.
 """
 
@@ -23,8 +24,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from gateway.policy.schema import Provider
-from gateway.providers.upstream import OpenAIWire, UpstreamFailure
+import orjson
+
+from gateway.policy.schema import Provider, Timeouts
+from gateway.providers.upstream import (
+    OpenAIWire,
+    UpstreamClient,
+    UpstreamFailure,
+    UpstreamResponse,
+    UpstreamStream,
+)
+from gateway.wire.answer_checks import InvalidAnswer
+from gateway.wire.request import PATHS
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -69,7 +80,57 @@ class Adapter(OpenAIWire):
         the redactor wherever text could carry them."""
         return []
 
-    # -- mapping hooks (gateway.pipeline.failover) -----------------------------------------------------
+    # -- the two calls the failover stage makes ----------------------------------------------
+
+    async def send(
+        self,
+        client: UpstreamClient,
+        endpoint: str,
+        body: dict[str, Any],
+        model: str,
+        headers: dict[str, str] | None,
+        timeouts: Timeouts,
+        max_tokens: int | None,
+    ) -> UpstreamResponse:
+        """One unary attempt: the answer as OpenAI JSON bytes (`model`: the provider's id)."""
+        if self.passthrough:
+            raw = _with_model(body, model)
+            return await client.send(PATHS[endpoint], raw, headers, timeouts, max_tokens)
+        if not self.supports(endpoint):
+            raise UnsupportedEndpoint(self.type, endpoint)
+        req = self.request(endpoint, body, model, False)
+        if req.headers:
+            headers = {**headers, **req.headers} if headers else req.headers
+        resp = await client.send(req.path, req.body, headers, timeouts, max_tokens)
+        try:
+            resp.body = self.response(endpoint, resp.body, model)
+        except InvalidAnswer as e:
+            raise UpstreamFailure("bad_response", str(e)) from None
+        return resp
+
+    async def open_stream(
+        self,
+        client: UpstreamClient,
+        endpoint: str,
+        body: dict[str, Any],
+        model: str,
+        headers: dict[str, str] | None,
+        timeouts: Timeouts,
+    ) -> UpstreamStream:
+        """One streamed attempt, open once its first event arrived; events as OpenAI chunks."""
+        if self.passthrough:
+            return await client.open_stream(
+                PATHS[endpoint], _with_model(body, model), headers, timeouts
+            )
+        if not self.supports(endpoint):
+            raise UnsupportedEndpoint(self.type, endpoint)
+        req = self.request(endpoint, body, model, True)
+        if req.headers:
+            headers = {**headers, **req.headers} if headers else req.headers
+        translate = self.stream(endpoint, body, model)
+        return await client.open_stream(req.path, req.body, headers, timeouts, translate)
+
+    # -- mapping hooks (the default `send` and `open_stream`) --------------------------------
 
     def supports(self, endpoint: str) -> bool:
         return endpoint in self.endpoints
@@ -89,6 +150,13 @@ class Adapter(OpenAIWire):
         """A translator for one stream of this request (`body` is the OpenAI request); None
         when the provider's events are OpenAI chunks already."""
         raise NotImplementedError
+
+
+def _with_model(body: dict[str, Any], model: str) -> bytes:
+    """The client's body with the provider's model id (no copy when they are the same)."""
+    if model != body["model"]:
+        body = {**body, "model": model}
+    return orjson.dumps(body)
 
 
 ADAPTERS: dict[str, type[Adapter]] = {}

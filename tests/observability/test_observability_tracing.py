@@ -21,7 +21,7 @@ def traced(gw) -> InMemorySpanExporter:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    Tracing(provider).install(gw.app.state.pipeline)
+    gw.app.state.pipeline.set_tracing(Tracing(provider))
     return exporter
 
 

@@ -8,7 +8,7 @@ from typing import get_args
 import pytest
 
 from gateway.context import Context
-from gateway.pipeline.candidates import settle_failure
+from gateway.pipeline.attempt import Attempt
 from gateway.policy.loader import PolicyError, parse_policy
 from gateway.policy.schema import TYPE_SECTIONS, Provider
 from gateway.providers.base import Adapter, UnsupportedEndpoint
@@ -81,9 +81,10 @@ def test_unsupported_endpoint_is_retryable_and_not_the_members_fault() -> None:
     assert not counts_against_breaker(kind)
     rt = Runtime(parse_policy(POLICY.format(extra="")))
     p = rt.snapshot.providers["a"]
-    p.member.begin()
     assert p.breaker.acquire()
-    settle_failure(p, f, 0.0, Context("r", 0.0), Admission())
+    attempt = Attempt(p, Context("r", 0.0), Admission())
+    assert p.member.inflight == 1
+    attempt.fail(f)
     assert p.breaker.allow() and p.member.inflight == 0 and p.member.failures == 0
 
 

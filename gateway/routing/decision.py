@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway import errors
-from gateway.pipeline.router import pool_chain
 from gateway.policy.schema import Alias, Policy
 from gateway.routing.affinity import prefix_key
 from gateway.routing.class_rules import RequestFeatures, classify
@@ -18,6 +17,19 @@ from gateway.wire.tokens import encoding_for_model, estimate_prompt
 
 PRIORITY_HEADER = "x-gateway-priority"
 MAX_ALIAS_HOPS = 4
+
+
+def pool_chain(policy: Policy, alias: Alias, request_class: str) -> list[str]:
+    """The class's pool first, then each pool's fallbacks breadth-first, without repeats."""
+    first = alias.routes.get(request_class, alias.pool)
+    chain = [first]
+    i = 0
+    while i < len(chain):
+        for fb in policy.pools[chain[i]].fallback:
+            if fb not in chain:
+                chain.append(fb)
+        i += 1
+    return chain
 
 
 @dataclass(slots=True)

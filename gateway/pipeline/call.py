@@ -1,0 +1,57 @@
+"""One request on its way down the stages: what each stage found, for the stages below it."""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+
+from gateway.apis.exchange import Exchange
+from gateway.context import Context
+from gateway.governance.service import Principal
+from gateway.routing.decision import Decision
+from gateway.runtime import Snapshot
+from gateway.wire.request import Accepted, Endpoint
+
+
+class Call:
+    """Set top to bottom: `principal` by Authenticate, `raw`/`acc`/`sent` by Accept, `decision`
+    by Classify; `sent` (the request as sent upstream) may be rewritten by Limit."""
+
+    __slots__ = (
+        "acc",
+        "ctx",
+        "decision",
+        "dry_run",
+        "endpoint",
+        "exchange",
+        "headers",
+        "principal",
+        "raw",
+        "request",
+        "sent",
+        "snap",
+        "want_completion",
+    )
+
+    def __init__(
+        self,
+        ctx: Context,
+        snap: Snapshot,
+        endpoint: Endpoint,
+        request: Request | None = None,
+        exchange: Exchange | None = None,
+    ) -> None:
+        self.ctx, self.snap, self.endpoint = ctx, snap, endpoint
+        self.request = request
+        self.headers: Headers = request.headers if request is not None else _NO_HEADERS
+        self.exchange = exchange
+        self.raw = b""
+        self.want_completion = False  # a stage keeps the streamed answer (the cache)
+        self.dry_run = False  # explain: decide and show, send nothing
+        self.principal: Principal
+        self.acc: Accepted
+        self.sent: Accepted
+        self.decision: Decision
+
+
+_NO_HEADERS = Headers()

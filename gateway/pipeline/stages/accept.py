@@ -1,0 +1,58 @@
+"""Accept: read the body within its limit, translate it (inbound APIs), parse and check it."""
+
+from __future__ import annotations
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from gateway import errors
+from gateway.context import READ_TIMEOUT_KEY
+from gateway.errors import GatewayError
+from gateway.pipeline.call import Call
+from gateway.pipeline.stage import Next
+from gateway.wire.request import accept
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise errors.too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise errors.too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # The connection closed before the whole body came: the body timeout (a 408 was sent)
+        # or the client going away.
+        if request.scope.get(READ_TIMEOUT_KEY):
+            raise GatewayError(
+                408, "The request was not received in time.", code="request_timeout"
+            ) from None
+        raise GatewayError(499, "The client closed the connection.", code="client_closed") from None
+    return b"".join(chunks)
+
+
+class Accept:
+    name = "accept"
+
+    async def __call__(self, call: Call, next: Next) -> Response:
+        ctx, server = call.ctx, call.snap.policy.server
+        if call.request is not None:  # a replay brings its body
+            call.raw = await read_body(call.request, server.max_body_bytes)
+            ctx.request_body = call.raw
+        raw = call.raw
+        if call.exchange is not None:
+            raw = await call.exchange.request(raw, ctx)  # the client's API -> a chat body
+        acc = accept(raw, call.endpoint, max_n=server.max_n, max_depth=server.max_json_depth)
+        if ctx.replay:
+            acc.stream = False  # a replay's answer is stored, not streamed
+        if acc.model not in call.snap.policy.models:
+            raise errors.model_not_found(acc.model)
+        call.raw, call.acc = raw, acc
+        call.sent = acc
+        ctx.alias, ctx.stream = acc.model, acc.stream
+        return await next(call)

@@ -1,0 +1,240 @@
+"""Cache: the exact cache (Redis or in memory), the semantic cache and single-flight.
+
+Before: a hit answers at once (as a stream when the client asked for one); the first of several
+identical requests leads, the others wait for its answer. A semantic lookup that outlasts its
+budget races the upstream call. After: a complete answer is stored (a stream's once it has ended,
+in `on_finish`); an answer that never came releases the followers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.datastructures import Headers
+from starlette.responses import Response
+
+from gateway.cache.exact import Store, cacheable, exact_key
+from gateway.cache.semantic_layer import SemanticLayer, SemanticPlan
+from gateway.cache.singleflight import LeaderGone, SingleFlight, wait
+from gateway.context import Context
+from gateway.errors import GatewayError
+from gateway.observability.tracing import stage
+from gateway.pipeline.call import Call
+from gateway.pipeline.reply import StreamReply, on_finish
+from gateway.pipeline.stage import Next
+from gateway.policy.schema import Alias, Policy
+from gateway.wire.chunks import completion_to_events
+from gateway.wire.request import Accepted
+
+JSON = "application/json"
+
+
+def clamp_ttl(header: str | None, policy_ttl_s: int) -> int:
+    """A client's `x-gateway-cache-ttl` may shorten the policy's TTL, never extend it."""
+    if header and header.isdigit() and len(header) <= 12:
+        return max(1, min(int(header), policy_ttl_s))
+    return policy_ttl_s
+
+
+def uses_cache(policy: Policy, alias: Alias) -> bool:
+    """Whether requests to `alias` (or to the longer-context aliases it reroutes to) may be
+    cached: when not, the alias's stack leaves this stage out."""
+    seen: set[int] = set()
+    a: Alias | None = alias
+    while a is not None and id(a) not in seen:
+        seen.add(id(a))
+        if a.cache.exact.enabled or a.cache.semantic.enabled:
+            return True
+        a = policy.models.get(a.fallback_alias) if a.fallback_alias else None
+    return False
+
+
+def describe(acc: Accepted, alias: Alias, cache_control: str | None) -> dict[str, Any]:
+    """What this stage would do with a request (the explain view)."""
+    settings = alias.cache.exact
+    reason = None
+    if not settings.enabled:
+        reason = "exact cache disabled for this alias"
+    elif acc.endpoint != "embeddings" and not cacheable(acc.body, settings):
+        reason = "sampled request (temperature is not 0)"
+    elif cache_control and "no-store" in cache_control.lower():
+        reason = "cache-control: no-store"
+    return {
+        "exact": {
+            "enabled": settings.enabled,
+            "cacheable": reason is None,
+            "reason": reason,
+            "ttl_s": settings.ttl_s,
+        }
+    }
+
+
+@dataclass(slots=True)
+class CachePlan:
+    key: str
+    read: bool
+    write: bool
+    ttl_s: int
+    semantic: SemanticPlan | None = None
+    leader: bool = False
+
+
+class Cache:
+    name = "cache"
+
+    def __init__(self, exact: Store, semantic: SemanticLayer, flights: SingleFlight) -> None:
+        self.exact, self.semantic, self.flights = exact, semantic, flights
+
+    async def __call__(self, call: Call, next: Next) -> Response:
+        ctx, acc = call.ctx, call.acc
+        plan = self.plan(acc, call.decision.alias, ctx, call.headers)
+        if plan is None:
+            return await next(call)
+        with stage(ctx, "cache"):
+            cached = await self._lookup(plan, ctx)
+        if cached is not None:
+            hit = self._from_cache(cached, acc, ctx)
+            if hit is not None:
+                return hit
+        call.want_completion = True
+        pending = plan.semantic.pending if plan.semantic is not None else None
+        try:
+            if pending is not None and not acc.stream:
+                response = await self._race(call, next, plan, pending)
+                if ctx.cache == "hit-semantic":
+                    return response
+            else:
+                response = await next(call)
+        except GatewayError as e:
+            self._abort(plan, e)
+            raise
+        except BaseException:
+            self._abort(plan, LeaderGone())
+            raise
+        if response.status_code != 200:
+            self._abort(plan, LeaderGone())
+        elif isinstance(response, StreamReply):
+            on_finish(response, lambda: self._stream_ended(plan, response))
+        else:
+            refresh = self._store(plan, bytes(response.body))
+            if refresh is not None:
+                # Back-pressure: a burst of refreshes is slowed to the embedder's pace instead of
+                # losing stores. The store never raises; the wait is bounded by refresh_wait_s.
+                await asyncio.wait({refresh})
+        return response
+
+    def plan(self, acc: Accepted, alias: Alias, ctx: Context, headers: Headers) -> CachePlan | None:
+        cc = headers.get("cache-control", "").lower()
+        if "no-store" in cc:
+            return None
+        exact = alias.cache.exact
+        use_exact = exact.enabled and (acc.endpoint == "embeddings" or cacheable(acc.body, exact))
+        namespace = headers.get("x-gateway-cache-namespace", "")
+        semantic = None
+        if acc.endpoint == "chat":
+            semantic = self.semantic.plan(
+                ctx.tenant, acc.model, acc.body, alias.cache.semantic, namespace
+            )
+        if not use_exact and semantic is None:
+            return None
+        ttl_header = headers.get("x-gateway-cache-ttl")
+        ttl = clamp_ttl(ttl_header, exact.ttl_s)
+        if ttl_header and semantic is not None:
+            limit = semantic.ttl_s if semantic.ttl_s is not None else self.semantic.settings.ttl_s
+            semantic.ttl_s = clamp_ttl(ttl_header, int(limit))
+        key = exact_key(ctx.tenant, acc.model, acc.endpoint, acc.body, namespace)
+        ctx.cache = "miss"
+        if semantic is not None and "no-cache" in cc:
+            semantic.refresh = True
+        return CachePlan(
+            key, read="no-cache" not in cc, write=use_exact, ttl_s=ttl, semantic=semantic
+        )
+
+    async def _lookup(self, plan: CachePlan, ctx: Context) -> bytes | None:
+        if plan.read and plan.write:
+            hit = await self.exact.get(plan.key)
+            if hit is not None:
+                ctx.cache = "hit-exact"
+                return hit
+        if plan.read and plan.semantic is not None:
+            found = await self.semantic.lookup(plan.semantic)
+            if found is not None:
+                ctx.cache, ctx.similarity = "hit-semantic", found[1]
+                return found[0]
+        fut = self.flights.join(plan.key)
+        if fut is None:
+            plan.leader = True
+            return None
+        shared = await wait(fut, 60.0)  # bounded: nothing waits forever
+        if shared is not None:
+            ctx.cache = "hit-exact" if plan.read else "miss"
+        return shared
+
+    async def _race(
+        self, call: Call, next: Next, plan: CachePlan, lookup: asyncio.Future[Any]
+    ) -> Response:
+        """The semantic lookup outlasted its budget: the upstream call starts now, and if the
+        lookup then finds an answer first, that answer is served and the call cancelled (one
+        upstream call spent on a hit: counted in the `raced` lookups)."""
+        assert plan.semantic is not None
+        ctx = call.ctx
+        upstream = asyncio.ensure_future(next(call))
+        await asyncio.wait({upstream, lookup}, return_when=asyncio.FIRST_COMPLETED)
+        if not upstream.done():
+            found = self.semantic.late_result(plan.semantic)
+            if found is not None:
+                upstream.cancel()
+                with contextlib.suppress(BaseException):
+                    await upstream
+                self.semantic.raced += 1
+                ctx.cache, ctx.similarity = "hit-semantic", found[1]
+                if plan.leader:
+                    self.flights.resolve(plan.key, found[0])
+                    plan.leader = False
+                hit = self._from_cache(found[0], call.acc, ctx)
+                if hit is not None:
+                    return hit
+                ctx.cache = "miss"
+        return await upstream
+
+    def _from_cache(self, body: bytes, acc: Accepted, ctx: Context) -> Response | None:
+        """The cached answer for the client; None (a miss) for an entry that is not a completion."""
+        if not acc.stream:
+            return Response(body, headers=ctx.headers(), media_type=JSON)
+        include_usage = bool((acc.body.get("stream_options") or {}).get("include_usage"))
+        try:
+            completion = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            completion = None
+        if not isinstance(completion, dict):
+            # Written by an older gateway that cached unchecked answers: never a 500.
+            ctx.cache = "miss"
+            return None
+        events = completion_to_events(completion, include_usage)
+        return Response(b"".join(events), headers=ctx.headers(), media_type="text/event-stream")
+
+    def _store(self, plan: CachePlan, body: bytes) -> asyncio.Task[bool] | None:
+        """Store the answer; returns the semantic store task of a refresh (to wait on)."""
+        if plan.leader:
+            self.flights.resolve(plan.key, body)
+        if plan.write:
+            asyncio.get_running_loop().create_task(self.exact.set(plan.key, body, plan.ttl_s))
+        if plan.semantic is not None:
+            task = self.semantic.store(plan.semantic, body)
+            return task if plan.semantic.refresh else None
+        return None
+
+    def _stream_ended(self, plan: CachePlan, reply: StreamReply) -> None:
+        completion: bytes | None = getattr(reply, "completion", None)
+        if completion is None:
+            self._abort(plan, LeaderGone())
+        else:
+            self._store(plan, completion)
+
+    def _abort(self, plan: CachePlan, exc: BaseException) -> None:
+        if plan.leader:
+            self.flights.fail(plan.key, exc)

@@ -1,0 +1,339 @@
+"""Failover (innermost): pools in order, members within a pool, retries within the budget, hedges.
+
+A retry happens only while nothing has reached the client (for streams: until the first upstream
+chunk arrived), only for retryable failures, within the retry budget, after a jittered backoff.
+Each member tried is a scoped `Attempt`; the provider's adapter does the talking (`send`,
+`open_stream`), whatever the provider's wire format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from starlette.responses import Response
+
+from gateway.context import Context
+from gateway.observability.tracing import stage, upstream_headers
+from gateway.pipeline.attempt import Attempt
+from gateway.pipeline.call import Call
+from gateway.pipeline.candidates import Candidates
+from gateway.pipeline.client_errors import (
+    CLIENT_ERRORS,
+    PassThrough,
+    exhausted,
+    passthrough_error,
+)
+from gateway.pipeline.relay import RelayResponse, StreamRelay, answer_model
+from gateway.pipeline.router import Router
+from gateway.pipeline.stage import Next
+from gateway.providers.upstream import UpstreamFailure, UpstreamResponse, UpstreamStream
+from gateway.resilience.admission import Admission
+from gateway.resilience.budget import RetryBudget
+from gateway.resilience.failures import failure_kind
+from gateway.resilience.hedge import HedgeTracker
+from gateway.resilience.retry import Retrier, RetrySettings
+from gateway.routing.decision import Decision
+from gateway.routing.member import latency_signal
+from gateway.runtime import ProviderState, Snapshot
+from gateway.wire.answer_checks import InvalidAnswer, check_unary, completion_tokens
+from gateway.wire.request import Accepted
+
+JSON = "application/json"
+T = TypeVar("T")
+Send = Callable[[ProviderState], Awaitable[T]]
+
+
+async def _try(send: Send[T], attempt: Attempt) -> T:
+    """One attempt in its scope: a failure settles it; an answer leaves it open for the winner."""
+    async with attempt:
+        result = await send(attempt.member)
+        attempt.keep()
+        return result
+
+
+async def _discard(result: Any) -> None:
+    """Free what a losing attempt holds (an open stream's connection)."""
+    if isinstance(result, UpstreamStream):
+        await result.aclose()
+
+
+class Failover:
+    name = "failover"
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.admission = Admission()
+        self.budget = RetryBudget()
+        self.hedges = HedgeTracker()
+        self._retriers: dict[int, Retrier] = {}
+        self._reapers: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, call: Call, next: Next | None = None) -> Response:
+        ctx, acc = call.ctx, call.sent
+        with stage(ctx, "route"):
+            if acc.stream:
+                return await self.stream(call.snap, acc, call.decision, ctx, call.want_completion)
+            body, headers = await self.unary(call.snap, acc, call.decision, ctx)
+        return Response(body, headers={**headers, **ctx.headers()}, media_type=JSON)
+
+    def retrier(self, snap: Snapshot) -> Retrier:
+        r = self._retriers.get(id(snap))
+        if r is None:
+            # One budget for the process; settings follow the policy version.
+            self._retriers = {id(snap): Retrier(snap.policy.retry, self.budget)}
+            r = self._retriers[id(snap)]
+            self.tune_budget(snap.policy.retry)
+        return r
+
+    def tune_budget(self, settings: RetrySettings) -> None:
+        """The policy's budget, its floor shared among the gateway processes (the ratio is a
+        ratio: each process's retries stay within it of its own requests, so the sum does)."""
+        self.budget.ratio = settings.budget_ratio
+        self.budget.min_retries_per_s = settings.budget_min_per_s / max(
+            1, self.admission.shares.count
+        )
+
+    def candidates(self, snap: Snapshot, decision: Decision, ctx: Context) -> Candidates:
+        return Candidates(self.router, self.admission, snap, decision, ctx)
+
+    # -- unary ----------------------------------------------------------------------------------
+
+    async def unary(
+        self, snap: Snapshot, acc: Accepted, decision: Decision, ctx: Context
+    ) -> tuple[bytes, dict[str, str]]:
+        """The first successful answer's body and headers; raises GatewayError or PassThrough."""
+        self.retrier(snap).record_request()
+        rename = answer_model(snap, acc)
+        endpoint = acc.endpoint
+
+        async def send(m: ProviderState) -> tuple[UpstreamResponse, dict[str, Any]]:
+            # Headers per attempt: the trace context names this attempt's span.
+            resp = await m.client.adapter.send(
+                m.client,
+                endpoint,
+                acc.body,
+                m.config.model_for(acc.model),
+                upstream_headers(ctx),
+                m.config.timeouts,
+                acc.max_tokens,
+            )
+            try:
+                doc = check_unary(endpoint, resp.body)  # the one parse of the answer
+            except InvalidAnswer as e:
+                raise UpstreamFailure("bad_response", str(e)) from None
+            if snap.redactor:
+                resp.body = snap.redactor.bytes(resp.body)
+            if rename is not None:
+                resp.body = rename(resp.body)
+            return resp, doc
+
+        candidates = self.candidates(snap, decision, ctx)
+        (resp, doc), attempt = await self._first_success(snap, candidates, ctx, send)
+        signal = snap.pools[ctx.pool].config.latency_signal
+        out = completion_tokens(doc) if signal == "per_token" else None
+        attempt.succeed(latency_signal(signal, None, attempt.elapsed_s, out))
+        ctx.response_body = resp.body
+        return resp.body, resp.headers
+
+    # -- streams --------------------------------------------------------------------------------
+
+    async def stream(
+        self,
+        snap: Snapshot,
+        acc: Accepted,
+        decision: Decision,
+        ctx: Context,
+        keep_completion: bool = False,
+    ) -> RelayResponse:
+        self.retrier(snap).record_request()
+        candidates = self.candidates(snap, decision, ctx)
+        stream, attempt = await self.open_stream(
+            snap, acc.body, acc.model, acc.endpoint, candidates, ctx
+        )
+        headers = {**stream.headers, **ctx.headers()}
+        headers.pop("content-type", None)
+        relay = StreamRelay(self, snap, acc, decision, ctx, candidates, keep_completion)
+        return RelayResponse(relay, stream, attempt, headers)
+
+    async def open_stream(
+        self,
+        snap: Snapshot,
+        body: dict[str, Any],
+        alias: str,
+        endpoint: str,
+        candidates: Candidates,
+        ctx: Context,
+    ) -> tuple[UpstreamStream, Attempt]:
+        """Open a stream on the first member that delivers a first chunk; the attempt stays
+        open (the relay settles it when the stream ends)."""
+
+        def send(m: ProviderState) -> Awaitable[UpstreamStream]:
+            return m.client.adapter.open_stream(
+                m.client,
+                endpoint,
+                body,
+                m.config.model_for(alias),
+                upstream_headers(ctx),
+                m.config.timeouts,
+            )
+
+        return await self._first_success(snap, candidates, ctx, send)
+
+    # -- trying members -------------------------------------------------------------------------
+
+    async def _next_attempt(self, retrier: Retrier, attempt: int, f: UpstreamFailure) -> bool:
+        """After a failed attempt: may we try again? Sleeps the backoff when yes."""
+        if f.kind == "unsupported":
+            # Nothing was sent (the member's type cannot express the request): the next member
+            # is no retry of a failed call, so no backoff and no retry budget.
+            return attempt < retrier.settings.max_attempts
+        if not retrier.should_retry(attempt, failure_kind(f.kind), bytes_sent_to_client=False):
+            return False
+        delay = retrier.delay_s(attempt)
+        if delay:
+            await asyncio.sleep(delay)
+        return True
+
+    async def _first_success(
+        self, snap: Snapshot, candidates: Candidates, ctx: Context, send: Send[T]
+    ) -> tuple[T, Attempt]:
+        """Try candidates in turn until `send(member)` succeeds; returns the answer and its
+        still open attempt.
+
+        A non-retryable 4xx goes back to the client as it is; retries stop when the retrier says
+        so. In a pool that hedges, the first attempt may race a second one (see `_race`).
+        """
+        retrier = self.retrier(snap)
+        last: UpstreamFailure | None = None
+        number = 0
+        async for member in candidates:
+            number += 1
+            hedge = snap.pools[ctx.pool].config.hedge
+            pool = ctx.pool
+            if hedge.enabled and number == 1:
+                won, extra = await self._race(snap, candidates, ctx, send, member)
+                number += extra
+                if not isinstance(won, UpstreamFailure):
+                    return won
+                last = won
+            else:
+                attempt = candidates.attempt(member)
+                try:
+                    result = await _try(send, attempt)
+                except UpstreamFailure as f:
+                    last = f
+                    self._client_error(snap, member, f, ctx)
+                else:
+                    if hedge.enabled:
+                        self.hedges.observe(pool, attempt.elapsed_s)
+                    return result, attempt
+            if not await self._next_attempt(retrier, number, last):
+                break
+        raise exhausted(last, candidates)
+
+    @staticmethod
+    def _client_error(
+        snap: Snapshot, member: ProviderState, f: UpstreamFailure, ctx: Context
+    ) -> None:
+        """A provider's 4xx goes back to the client (PassThrough) instead of being retried."""
+        if f.kind in CLIENT_ERRORS:
+            hosts = (urlsplit(member.config.base_url).hostname or "",)
+            raise PassThrough(passthrough_error(f, ctx, snap.redactor, hosts)) from None
+
+    async def _race(
+        self,
+        snap: Snapshot,
+        candidates: Candidates,
+        ctx: Context,
+        send: Send[T],
+        first: ProviderState,
+    ) -> tuple[tuple[T, Attempt] | UpstreamFailure, int]:
+        """The first attempt of a request in a hedging pool, and at most one hedge.
+
+        When the first attempt has not answered after the pool's hedge delay, the same request
+        goes to a second member (if one is free now and the retry budget allows); the first
+        success wins and the other attempt is cancelled. Returns the winner, or the last failure
+        when both failed, and the number of hedges sent (0 or 1).
+        """
+        pool = ctx.pool
+        settings = snap.pools[pool].config.hedge
+        primary = candidates.attempt(first)
+        running: dict[asyncio.Task[T], Attempt] = {
+            asyncio.ensure_future(_try(send, primary)): primary
+        }
+        deadline = primary.start + self.hedges.delay_s(pool, settings)
+        hedged = False
+        last: UpstreamFailure | None = None
+        try:
+            while running:
+                wait = None if hedged else max(0.0, deadline - time.monotonic())
+                done, _ = await asyncio.wait(
+                    running, timeout=wait, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    hedged = True
+                    second = self._hedge(candidates, pool)
+                    if second is not None:
+                        ctx.hedged = True
+                        extra = candidates.attempt(second)
+                        running[asyncio.ensure_future(_try(send, extra))] = extra
+                    continue
+                for task in done:
+                    attempt = running.pop(task)
+                    try:
+                        result = task.result()
+                    except UpstreamFailure as f:
+                        last = f
+                        self._client_error(snap, attempt.member, f, ctx)
+                        continue
+                    ctx.pool, ctx.provider = pool, attempt.member.name
+                    now = time.monotonic()
+                    # The attempts still running took at least this long: counting them keeps
+                    # the observed percentile from drifting down to the hedges' quick answers.
+                    for loser in running.values():
+                        self.hedges.observe(pool, now - loser.start)
+                    self.hedges.observe(pool, now - attempt.start)
+                    if ctx.hedged:
+                        self.hedges.count(pool, won=attempt is not primary)
+                    return (result, attempt), int(ctx.hedged)
+        finally:
+            if running:  # losers and leftovers: cancelled and settled without delaying the winner
+                reaper = asyncio.ensure_future(self._reap(snap, ctx, running))
+                self._reapers.add(reaper)
+                reaper.add_done_callback(self._reapers.discard)
+        if ctx.hedged:
+            self.hedges.count(pool, won=False)
+        assert last is not None
+        return last, int(ctx.hedged)
+
+    def _hedge(self, candidates: Candidates, pool: str) -> ProviderState | None:
+        """A member for the hedge, if one is free now and the retry budget has a token."""
+        if not self.budget.try_spend():
+            return None
+        return candidates.hedge(pool)
+
+    async def _reap(
+        self, snap: Snapshot, ctx: Context, running: dict[asyncio.Task[Any], Attempt]
+    ) -> None:
+        """Cancel the attempts that lost a race; each is settled exactly once."""
+        cancelled_at = time.monotonic()
+        # Time to an answer compares with a ttft or total estimate, not with time per token.
+        timed = snap.pools[ctx.pool].config.latency_signal != "per_token"
+        for task, attempt in running.items():
+            if task.done():
+                continue  # failed (settled by its scope) or answered late (below)
+            # Slower than the winner: a slow primary must not keep drawing traffic because its
+            # hedges hide its latency (only ever raises the estimate).
+            attempt.outrun(cancelled_at - attempt.start if timed else 0.0)
+            task.cancel()
+        for task, attempt in running.items():
+            try:
+                result = await task
+            except BaseException:  # noqa: BLE001, S112 - failed or cancelled: settled already
+                continue
+            attempt.cancel()  # answered too, but later than the winner
+            await _discard(result)
