@@ -13,7 +13,7 @@ import timeit
 
 import orjson
 
-from gateway.wire.request import accept
+from gateway.wire.request import parse_request
 
 BODIES: dict[str, bytes] = {
     "small": orjson.dumps({"model": "demo", "messages": [{"role": "user", "content": "Hi there"}]}),
@@ -67,7 +67,7 @@ def main() -> None:
     for name, raw in BODIES.items():
 
         def once(raw: bytes = raw) -> None:
-            accept(raw, "chat")
+            parse_request(raw, "chat")
 
         runs = timeit.repeat(once, number=args.number, repeat=args.repeat)
         print(f"{name:16s} {min(runs) / args.number * 1e6:7.2f} µs")

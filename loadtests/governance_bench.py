@@ -146,11 +146,11 @@ async def _in_process(redis_url: str, n: int) -> str:
     """The governance step alone (admit + record), µs per request, same Redis, same interleaving."""
     from gateway.context import Context
     from gateway.infra.shared_state import SharedState
-    from gateway.routing.decision import decide
     from gateway.pipeline.stack import Pipeline
     from gateway.policy.loader import parse_policy
+    from gateway.routing.decision import decide
     from gateway.runtime import Runtime
-    from gateway.wire.request import accept
+    from gateway.wire.request import parse_request
 
     env = {"OVERHEAD_URL_A": "http://127.0.0.1:9/v1", "OVERHEAD_URL_B": "http://127.0.0.1:9/v1"}
     raw = b'{"model": "default", "messages": [{"role": "user", "content": "hi"}]}'
@@ -164,7 +164,7 @@ async def _in_process(redis_url: str, n: int) -> str:
         gov = Pipeline(runtime, state).governance
         await gov.start(policy.governance)
         sides[name] = (runtime, gov)
-    acc = accept(raw, "chat")
+    acc = parse_request(raw, "chat")
     times: dict[str, list[float]] = {k: [] for k in sides}
     for i in range(n):
         for name, (runtime, gov) in sides.items():

@@ -241,9 +241,9 @@ def affinity(args: argparse.Namespace, wd: Path) -> dict[str, Any]:
 
 def classify(args: argparse.Namespace, wd: Path) -> dict[str, Any]:
     """p50 of token estimation (loadtests.classify_cost) and of the whole routing decision."""
-    from gateway.routing.decision import decide
     from gateway.policy.loader import load_policy
-    from gateway.wire.request import accept
+    from gateway.routing.decision import decide
+    from gateway.wire.request import parse_request
     from loadtests.classify_cost import chat_body as cost_body
     from loadtests.classify_cost import measure
 
@@ -256,7 +256,7 @@ def classify(args: argparse.Namespace, wd: Path) -> dict[str, Any]:
     for tokens in (300, 100_000):
         for kind in ("english", "mixed"):
             est = measure(kind, tokens, args.iterations)
-            acc = accept(orjson.dumps({**cost_body(kind, tokens), "model": "chat"}), "chat")
+            acc = parse_request(orjson.dumps({**cost_body(kind, tokens), "model": "chat"}), "chat")
             times = []
             for _ in range(args.iterations):
                 t0 = time.perf_counter()

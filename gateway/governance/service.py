@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from gateway.context import Context
     from gateway.routing.decision import Decision
     from gateway.runtime import Runtime, Snapshot
-    from gateway.wire.request import Accepted
+    from gateway.wire.request import ParsedRequest
 
 log = logging.getLogger("gateway.governance")
 _PERIODS = ("day", "week", "month")
@@ -190,7 +190,7 @@ class GovernanceService:
         return Resolved(t.limits, key_limits, t.budget, key_budget, not enforced)
 
     async def admit(
-        self, snap: Snapshot, p: Principal, acc: Accepted, decision: Decision, ctx: Context
+        self, snap: Snapshot, p: Principal, acc: ParsedRequest, decision: Decision, ctx: Context
     ) -> None:
         """Raise a 429 (or 404 for an alias the key may not use); else attach a Ticket to ctx."""
         g = snap.policy.governance
@@ -259,7 +259,7 @@ class GovernanceService:
         self.stats.admitted(p.tenant, p.key_id)
 
     @staticmethod
-    def _watch(g: Governance, acc: Accepted, ticket: Ticket) -> None:
+    def _watch(g: Governance, acc: ParsedRequest, ticket: Ticket) -> None:
         """Streams are costed from the provider's usage chunk (asked for when the client did not)."""
         if acc.stream and g.stream_usage and acc.endpoint != "embeddings":
             ticket.watch_stream = True
@@ -285,7 +285,7 @@ class GovernanceService:
         if slots:
             self.concurrency.release(slots)
 
-    def upstream(self, acc: Accepted, ctx: Context) -> Accepted:
+    def upstream(self, acc: ParsedRequest, ctx: Context) -> ParsedRequest:
         """The request as sent upstream: asks for stream usage when the client did not."""
         t: Ticket | None = ctx.governance
         if t is None or not t.hide_usage:

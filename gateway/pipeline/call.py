@@ -10,7 +10,7 @@ from gateway.context import Context
 from gateway.governance.service import Principal
 from gateway.routing.decision import Decision
 from gateway.runtime import Snapshot
-from gateway.wire.request import Accepted, Endpoint
+from gateway.wire.request import Endpoint, ParsedRequest
 
 
 class Call:
@@ -49,8 +49,8 @@ class Call:
         self.want_completion = False  # a stage keeps the streamed answer (the cache)
         self.dry_run = False  # explain: decide and show, send nothing
         self.principal: Principal
-        self.acc: Accepted
-        self.sent: Accepted
+        self.acc: ParsedRequest
+        self.sent: ParsedRequest
         self.decision: Decision
 
 

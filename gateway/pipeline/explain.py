@@ -26,7 +26,7 @@ from gateway.pipeline.stages.cache import describe
 from gateway.policy.schema import Policy
 from gateway.routing.decision import Decision, decide
 from gateway.runtime import ProviderState, Snapshot
-from gateway.wire.request import Accepted, accept
+from gateway.wire.request import ParsedRequest, parse_request
 
 
 def infer_endpoint(body: object) -> str:
@@ -42,7 +42,7 @@ def infer_endpoint(body: object) -> str:
 
 
 def _static(
-    policy: Policy, acc: Accepted, decision: Decision, cache_control: str | None
+    policy: Policy, acc: ParsedRequest, decision: Decision, cache_control: str | None
 ) -> dict[str, Any]:
     return {
         "endpoint": acc.endpoint,
@@ -63,7 +63,7 @@ def _static(
 
 def explain_offline(
     policy: Policy,
-    acc: Accepted,
+    acc: ParsedRequest,
     tenant: str = "default",
     priority: str | None = None,
     cache_control: str | None = None,
@@ -112,7 +112,7 @@ def member_state(p: ProviderState, now: float) -> dict[str, Any]:
 def explain_live(
     snap: Snapshot,
     router: Router,
-    acc: Accepted,
+    acc: ParsedRequest,
     decision: Decision,
     tenant: str,
     cache_control: str | None = None,
@@ -136,16 +136,16 @@ def explain_live(
     return out
 
 
-def accept_any(raw: bytes, endpoint: str | None = None, **limits: int) -> Accepted:
+def accept_any(raw: bytes, endpoint: str | None = None, **limits: int) -> ParsedRequest:
     """Parse a chat or completions body (endpoint inferred from its fields unless given)."""
     if endpoint is None:
         try:
             endpoint = infer_endpoint(orjson.loads(raw))
         except orjson.JSONDecodeError:
-            endpoint = "chat"  # accept() answers with the proper invalid-JSON error
+            endpoint = "chat"  # parse_request() answers with the proper invalid-JSON error
     if endpoint not in ("chat", "completions", "embeddings"):
         raise errors.bad_request(f"Unknown endpoint '{endpoint}'.", param="endpoint")
-    return accept(raw, endpoint, **limits)  # type: ignore[arg-type]
+    return parse_request(raw, endpoint, **limits)  # type: ignore[arg-type]
 
 
 async def explain_http(request: Request, pipeline: Pipeline) -> Response:

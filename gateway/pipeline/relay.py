@@ -29,14 +29,14 @@ from gateway.routing.member import SignalKind, latency_signal
 from gateway.runtime import Snapshot
 from gateway.wire.answer_checks import InvalidAnswer, StreamCheck
 from gateway.wire.chunks import StreamAssembler
-from gateway.wire.request import Accepted
+from gateway.wire.request import ParsedRequest
 from gateway.wire.response_model import ModelName, for_alias
 from gateway.wire.sse import DONE, EventTooLarge, SSESplitter, encode_event, event_data
 
 log = logging.getLogger("gateway")
 
 
-def answer_model(snap: Snapshot, acc: Accepted) -> ModelName | None:
+def answer_model(snap: Snapshot, acc: ParsedRequest) -> ModelName | None:
     """The `model` rewrite of the client's alias (its `response_model` setting)."""
     alias = snap.policy.models.get(acc.model)
     return for_alias(alias.response_model, acc.model) if alias is not None else None
@@ -85,7 +85,7 @@ class StreamRelay:
         self,
         failover: Reopen,
         snap: Snapshot,
-        acc: Accepted,
+        acc: ParsedRequest,
         decision: Decision,
         ctx: Context,
         candidates: Candidates,

@@ -29,7 +29,7 @@ from gateway.resilience.deferred import (
     make_replay_queue,
 )
 from gateway.resilience.degrade_rules import DegradeContext, RuleStore, last_user_text, render
-from gateway.wire.request import Accepted
+from gateway.wire.request import ParsedRequest
 
 log = logging.getLogger("gateway.fallback")
 SendFn = Callable[[ReplayEntry], Awaitable[tuple[int, bytes]]]
@@ -71,7 +71,9 @@ class Fallbacks:
         if self._client is not None:
             await self._client.aclose()
 
-    async def degrade(self, err: GatewayError, acc: Accepted, raw: bytes, ctx: Context) -> Response:
+    async def degrade(
+        self, err: GatewayError, acc: ParsedRequest, raw: bytes, ctx: Context
+    ) -> Response:
         """The rule's answer for a request nothing could serve (or `err` itself without rules)."""
         if self.rules is None or acc.endpoint != "chat":
             return err.to_response(ctx.headers())
@@ -114,7 +116,7 @@ class Fallbacks:
         body = resp.body if resp.body is not None else b"".join(resp.chunks)
         return Response(body, status_code=resp.status, headers=headers, media_type=media)
 
-    async def _enqueue(self, acc: Accepted, raw: bytes, ctx: Context) -> bool:
+    async def _enqueue(self, acc: ParsedRequest, raw: bytes, ctx: Context) -> bool:
         body = raw
         if acc.stream:
             plain = {k: v for k, v in acc.body.items() if k not in ("stream", "stream_options")}

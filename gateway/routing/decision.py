@@ -12,7 +12,7 @@ from gateway import errors
 from gateway.policy.schema import Alias, Policy
 from gateway.routing.affinity import prefix_key
 from gateway.routing.class_rules import RequestFeatures, classify
-from gateway.wire.request import Accepted
+from gateway.wire.request import ParsedRequest
 from gateway.wire.tokens import encoding_for_model, estimate_prompt
 
 PRIORITY_HEADER = "x-gateway-priority"
@@ -48,7 +48,7 @@ def _fits(alias: Alias, prompt_tokens: int, output_tokens: int) -> bool:
     return alias.context_window is None or prompt_tokens + output_tokens <= alias.context_window
 
 
-def decide(policy: Policy, acc: Accepted, tenant: str, priority: str | None) -> Decision:
+def decide(policy: Policy, acc: ParsedRequest, tenant: str, priority: str | None) -> Decision:
     """The routing decision for an accepted request (raises GatewayError when nothing fits)."""
     name = acc.model
     alias = policy.models[name]

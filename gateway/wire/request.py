@@ -47,7 +47,7 @@ PATHS: dict[str, str] = {
 
 
 @dataclass(slots=True)
-class Accepted:
+class ParsedRequest:
     endpoint: Endpoint
     body: dict[str, Any]
     model: str
@@ -91,13 +91,13 @@ def _too_deep(raw: bytes, body: Any, limit: int) -> bool:
     return False
 
 
-def accept(
+def parse_request(
     raw: bytes,
     endpoint: Endpoint,
     *,
     max_n: int = DEFAULT_MAX_N,
     max_depth: int = DEFAULT_MAX_DEPTH,
-) -> Accepted:
+) -> ParsedRequest:
     """Parse and validate a request body; raise GatewayError(400) naming the offending parameter."""
     if not raw:
         raise bad_request("The request body is empty; expected a JSON object.", code="invalid_json")
@@ -154,4 +154,4 @@ def accept(
                 param=name,
                 code="invalid_value",
             )
-    return Accepted(endpoint, body, model, stream, max_tokens)
+    return ParsedRequest(endpoint, body, model, stream, max_tokens)

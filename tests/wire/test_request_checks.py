@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.wire.request import accept
+from gateway.wire.request import parse_request
 
 MSG = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -16,7 +16,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 
 def rejected(body: dict[str, Any], endpoint: str = "chat") -> GatewayError:
     with pytest.raises(GatewayError) as e:
-        accept(orjson.dumps(body), endpoint)  # type: ignore[arg-type]
+        parse_request(orjson.dumps(body), endpoint)  # type: ignore[arg-type]
     assert e.value.status == 400
     return e.value
 
@@ -184,7 +184,7 @@ def test_valid_bodies_pass_untouched() -> None:
         parallel_tool_calls=False,
         temperature_unit="ignored",
     )
-    acc = accept(orjson.dumps(body), "chat")
+    acc = parse_request(orjson.dumps(body), "chat")
     assert acc.body == body
     # Provider-defined tool and format types are the provider's to judge.
     for extra in (
@@ -192,10 +192,10 @@ def test_valid_bodies_pass_untouched() -> None:
         {"response_format": {"type": "json", "value": {"type": "object"}}},
         {"response_format": {"type": "structural_tag", "structures": []}},
     ):
-        accept(orjson.dumps(chat(**extra)), "chat")
+        parse_request(orjson.dumps(chat(**extra)), "chat")
     # Nulls mean "not set" for every checked field.
     nulls = {k: None for k in ("temperature", "top_p", "seed", "stop", "tools", "tool_choice")}
-    accept(orjson.dumps(chat(**nulls, response_format=None, stream_options=None)), "chat")
+    parse_request(orjson.dumps(chat(**nulls, response_format=None, stream_options=None)), "chat")
 
 
 def test_completions_and_embeddings() -> None:
@@ -205,9 +205,11 @@ def test_completions_and_embeddings() -> None:
     assert (e.param, e.code) == ("logprobs", "integer_above_max_value")
     e = rejected({"model": "m", "prompt": "x", "echo": "no"}, "completions")
     assert e.param == "echo"
-    accept(orjson.dumps({"model": "m", "prompt": "x", "logprobs": 2, "stop": "."}), "completions")
+    parse_request(
+        orjson.dumps({"model": "m", "prompt": "x", "logprobs": 2, "stop": "."}), "completions"
+    )
     e = rejected({"model": "m", "input": "x", "encoding_format": "hex"}, "embeddings")
     assert (e.param, e.code) == ("encoding_format", "invalid_value")
     e = rejected({"model": "m", "input": "x", "dimensions": 0}, "embeddings")
     assert (e.param, e.code) == ("dimensions", "integer_below_min_value")
-    accept(orjson.dumps({"model": "m", "input": ["a"], "dimensions": 8}), "embeddings")
+    parse_request(orjson.dumps({"model": "m", "input": ["a"], "dimensions": 8}), "embeddings")

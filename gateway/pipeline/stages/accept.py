@@ -10,7 +10,7 @@ from gateway.context import READ_TIMEOUT_KEY
 from gateway.errors import GatewayError
 from gateway.pipeline.call import Call
 from gateway.pipeline.stage import Next
-from gateway.wire.request import accept
+from gateway.wire.request import parse_request
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -47,7 +47,7 @@ class Accept:
         raw = call.raw
         if call.exchange is not None:
             raw = await call.exchange.request(raw, ctx)  # the client's API -> a chat body
-        acc = accept(raw, call.endpoint, max_n=server.max_n, max_depth=server.max_json_depth)
+        acc = parse_request(raw, call.endpoint, max_n=server.max_n, max_depth=server.max_json_depth)
         if ctx.replay:
             acc.stream = False  # a replay's answer is stored, not streamed
         if acc.model not in call.snap.policy.models:

@@ -28,7 +28,7 @@ from gateway.pipeline.reply import StreamReply, on_finish
 from gateway.pipeline.stage import Next
 from gateway.policy.schema import Alias, Policy
 from gateway.wire.chunks import completion_to_events
-from gateway.wire.request import Accepted
+from gateway.wire.request import ParsedRequest
 
 JSON = "application/json"
 
@@ -53,7 +53,7 @@ def uses_cache(policy: Policy, alias: Alias) -> bool:
     return False
 
 
-def describe(acc: Accepted, alias: Alias, cache_control: str | None) -> dict[str, Any]:
+def describe(acc: ParsedRequest, alias: Alias, cache_control: str | None) -> dict[str, Any]:
     """What this stage would do with a request (the explain view)."""
     settings = alias.cache.exact
     reason = None
@@ -127,7 +127,9 @@ class Cache:
                 await asyncio.wait({refresh})
         return response
 
-    def plan(self, acc: Accepted, alias: Alias, ctx: Context, headers: Headers) -> CachePlan | None:
+    def plan(
+        self, acc: ParsedRequest, alias: Alias, ctx: Context, headers: Headers
+    ) -> CachePlan | None:
         cc = headers.get("cache-control", "").lower()
         if "no-store" in cc:
             return None
@@ -201,7 +203,7 @@ class Cache:
                 ctx.cache = "miss"
         return await upstream
 
-    def _from_cache(self, body: bytes, acc: Accepted, ctx: Context) -> Response | None:
+    def _from_cache(self, body: bytes, acc: ParsedRequest, ctx: Context) -> Response | None:
         """The cached answer for the client; None (a miss) for an entry that is not a completion."""
         if not acc.stream:
             return Response(body, headers=ctx.headers(), media_type=JSON)

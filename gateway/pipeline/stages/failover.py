@@ -40,7 +40,7 @@ from gateway.routing.decision import Decision
 from gateway.routing.member import latency_signal
 from gateway.runtime import ProviderState, Snapshot
 from gateway.wire.answer_checks import InvalidAnswer, check_unary, completion_tokens
-from gateway.wire.request import Accepted
+from gateway.wire.request import ParsedRequest
 
 JSON = "application/json"
 T = TypeVar("T")
@@ -103,7 +103,7 @@ class Failover:
     # -- unary ----------------------------------------------------------------------------------
 
     async def unary(
-        self, snap: Snapshot, acc: Accepted, decision: Decision, ctx: Context
+        self, snap: Snapshot, acc: ParsedRequest, decision: Decision, ctx: Context
     ) -> tuple[bytes, dict[str, str]]:
         """The first successful answer's body and headers; raises GatewayError or PassThrough."""
         self.retrier(snap).record_request()
@@ -144,7 +144,7 @@ class Failover:
     async def stream(
         self,
         snap: Snapshot,
-        acc: Accepted,
+        acc: ParsedRequest,
         decision: Decision,
         ctx: Context,
         keep_completion: bool = False,
