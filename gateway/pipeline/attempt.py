@@ -4,7 +4,7 @@
         result = await send(member)
         attempt.succeed(latency_s)
 
-Entering counts the attempt (member in flight, latency clock, the attempt's span). Leaving settles
+Creating it counts the attempt (member in flight, latency clock, the attempt's span). Leaving settles
 it exactly once, whichever way the block ends: `succeed` (latency estimate, breaker success),
 an `UpstreamFailure` or any other exception (the attempt's failure: breaker, success share,
 cool-down; an unexpected exception becomes an `attempt_error` failure, never a 500), cancellation
@@ -41,6 +41,8 @@ class Attempt:
         self.member, self.ctx, self.admission = member, ctx, admission
         self.start = member.member.begin()
         member.requests += 1
+        if ctx.trace is not None:  # the attempt's span (its id goes upstream as traceparent)
+            ctx.trace.attempt(ctx.pool, member, ctx.attempts)
         self.settled = False
         self.kept = False
 

@@ -84,8 +84,6 @@ class Candidates:
         self.per_pool[pool] = self.per_pool.get(pool, 0) + 1
         self.ctx.pool, self.ctx.provider = pool, member.name
         self.ctx.attempts += 1
-        if self.ctx.trace is not None:
-            self.ctx.trace.attempt(pool, member, self.ctx.attempts)
         return member
 
     def _pick_now(self) -> ProviderState | None:
