@@ -55,19 +55,26 @@ class Attempt:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        out = self.exit(exc)
+        if out is not exc:
+            raise out from None  # an unexpected exception, as this attempt's failure
+        return False
+
+    def exit(self, exc: BaseException | None) -> BaseException | None:
+        """Settle for a scope that ends with `exc` (None: normally); returns what to raise."""
         if exc is None:
             if not self.kept:
                 self.cancel()  # left without an outcome: free what it holds
-            return False
+            return None
         if isinstance(exc, UpstreamFailure):
             self.fail(exc)
-            return False
+            return exc
         if isinstance(exc, Exception):
             f = attempt_error(exc)
             self.fail(f)
-            raise f from None
+            return f
         self.cancel()  # cancelled (client gone, lost race, server stopping)
-        return False
+        return exc
 
     def keep(self) -> Attempt:
         """The answer is a stream: the attempt stays open until the relay settles it."""

@@ -132,7 +132,9 @@ class Pipeline:
 
     def alias_stages(self, snap: Snapshot, alias: str) -> list[Stage]:
         """What runs for a request to `alias` once it is accepted, in order."""
-        stages: list[Stage] = [self.classify, self.limit, self.degrade]
+        stages: list[Stage] = [self.classify, self.limit]
+        if snap.policy.degradation.rules is not None:
+            stages.append(self.degrade)  # without rules, an exhausted request is its error
         if uses_cache(snap.policy, snap.policy.models[alias]):
             stages.append(self.cache)
         return stages

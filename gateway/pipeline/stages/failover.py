@@ -48,11 +48,19 @@ Send = Callable[[ProviderState], Awaitable[T]]
 
 
 async def _try(send: Send[T], attempt: Attempt) -> T:
-    """One attempt in its scope: a failure settles it; an answer leaves it open for the winner."""
-    async with attempt:
+    """One attempt in its scope: a failure settles it; an answer leaves it open for the winner.
+
+    (`async with attempt` spelled out: two coroutines fewer on the hot path.)
+    """
+    try:
         result = await send(attempt.member)
-        attempt.keep()
-        return result
+    except BaseException as e:
+        out = attempt.exit(e)
+        if out is e:
+            raise
+        raise out from None  # type: ignore[misc]
+    attempt.keep()
+    return result
 
 
 async def _discard(result: Any) -> None:
