@@ -35,6 +35,7 @@ from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
 from gateway.cache.semantic_store import RedisSemanticStore
 from gateway.cache.verifier import Verifier, default_verifier
+from gateway.infra.hub import RedisHub
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,10 @@ class SemanticCache:
         redis: Redis | None = None,
         worker: AsyncEmbedder | None = None,
         clock: Callable[[], float] = time.time,
+        hub: RedisHub | None = None,
     ) -> None:
+        """`hub`: the process's Redis owner, whose subscription loop brings other replicas'
+        entries (without it, one borrowing `redis` is made)."""
         self.settings = settings or SemanticSettings()
         s = self.settings
         self._own_worker = worker is None
@@ -165,6 +169,7 @@ class SemanticCache:
                 origin=self.origin,
                 retry_s=s.redis_retry_s,
                 timeout_s=s.redis_timeout_s,
+                hub=hub,
             )
             if redis is not None
             else None

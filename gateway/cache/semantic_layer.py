@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.cache.exact import IGNORED_FIELDS
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
+from gateway.infra.hub import RedisHub, hub_for
 
 if TYPE_CHECKING:
     from gateway.cache.semantic import SemanticCache
@@ -37,13 +38,18 @@ class SemanticPlan:
 
 
 class SemanticLayer:
-    def __init__(self, settings: SemanticSettings, redis_url: str | None, prefix: str) -> None:
+    def __init__(
+        self, settings: SemanticSettings, redis: str | RedisHub | None, prefix: str
+    ) -> None:
+        """`redis`: the process's hub, or a URL (a hub of its own, closed in `aclose`)."""
         self.settings = settings.model_copy(
             update={"redis_prefix": f"{prefix}sem:", "redis_channel": f"{prefix}sem:new"}
         )
-        self.redis_url = redis_url
+        self._redis_arg = redis
+        self.redis_url = redis.url if isinstance(redis, RedisHub) else redis
+        self._hub: RedisHub | None = None
+        self._own_hub = False
         self.cache: SemanticCache | None = None
-        self._redis: Any = None
         self.hits = 0
         self.misses = 0
         self.rejected: dict[str, int] = {}
@@ -67,16 +73,9 @@ class SemanticLayer:
                 e,
             )
             return
-        if self.redis_url:
-            from gateway.infra.redis_client import make_redis
-
-            self._redis = make_redis(
-                self.redis_url,
-                socket_connect_timeout=0.5,
-                socket_timeout=2.0,
-                retry_on_timeout=False,
-            )
-        self.cache = SemanticCache(self.settings, redis=self._redis)
+        self._hub, self._own_hub = hub_for(self._redis_arg)
+        # Its writes are bounded by their own timeout; a rebuild's scans move many entries.
+        self.cache = SemanticCache(self.settings, redis=self._hub.blocking, hub=self._hub)
         await self.cache.start()
         log.warning(
             "semantic cache ready (%s entries loaded)", self.cache.stats().get("entries", 0)
@@ -85,8 +84,8 @@ class SemanticLayer:
     async def aclose(self) -> None:
         if self.cache is not None:
             await self.cache.aclose()
-        if self._redis is not None:
-            await self._redis.aclose()
+        if self._hub is not None and self._own_hub:
+            await self._hub.aclose()
 
     def plan(
         self,

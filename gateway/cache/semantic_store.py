@@ -13,7 +13,6 @@ neither latency nor connection storms. The cache then keeps working from memory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import struct
 import time
@@ -24,6 +23,7 @@ import orjson
 from redis.asyncio import Redis
 
 from gateway.cache.semantic_index import Entry
+from gateway.infra.hub import RedisHub
 from gateway.infra.redis_client import is_cluster
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,10 @@ class RedisSemanticStore:
         origin: str,
         retry_s: float = 5.0,
         timeout_s: float = 1.0,
+        hub: RedisHub | None = None,
     ) -> None:
         self._redis = redis
+        self._hub = hub
         self.prefix = prefix
         self.channel = channel
         self.model_id = model_id
@@ -186,43 +188,50 @@ class RedisSemanticStore:
         on_subscribed: Callable[[], Awaitable[None]],
         ready: asyncio.Event,
     ) -> None:
-        """Forward entries published by other replicas, forever; reconnect with backoff.
+        """Forward entries published by other replicas until cancelled; the hub's subscription
+        loop reconnects with backoff (a hub borrowing this store's client when none was given).
 
         `on_subscribed` runs after each (re)subscription so entries written while this replica
         was disconnected are picked up by a rescan. `ready` is set after the first attempt.
+        Entries that arrive together are forwarded in one call (one index job for all).
         """
-        backoff = 0.5
-        while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await self._redis.ping()  # a Redis Cluster client learns its slots on a command
-                await pubsub.subscribe(self.channel)
-                self._ok()
-                await on_subscribed()
-                ready.set()
-                backoff = 0.5
-                while True:
-                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is None:
-                        continue
-                    entries = self._decode_messages([msg])
-                    for _ in range(255):  # drain what else is waiting: one index job for all
-                        more = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
-                        if more is None:
-                            break
-                        entries.extend(self._decode_messages([more]))
-                    if entries:
-                        await on_entries(entries)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._failed("subscribe", exc)
-                ready.set()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
-            finally:
-                with contextlib.suppress(Exception):  # the connection may be gone already
-                    await pubsub.aclose()
+        hub = self._hub if self._hub is not None else RedisHub(client=self._redis)
+        pending: list[Entry] = []
+        flushing = False
+
+        async def flush() -> None:
+            nonlocal flushing
+            await asyncio.sleep(0)  # let what else is waiting arrive: one batch for all
+            batch = pending[:]
+            pending.clear()
+            flushing = False
+            if batch:
+                await on_entries(batch)
+
+        def on_message(data: bytes) -> Awaitable[None] | None:
+            nonlocal flushing
+            pending.extend(self._decode_messages([{"data": data}]))
+            if flushing or not pending:
+                return None
+            flushing = True
+            return flush()
+
+        async def subscribed() -> None:
+            self._ok()
+            await on_subscribed()
+            ready.set()
+
+        def lost(exc: BaseException) -> None:
+            self._failed("subscribe", exc)
+            ready.set()
+
+        sub = hub.subscribe(self.channel, on_message, on_subscribed=subscribed, on_lost=lost)
+        try:
+            await asyncio.Event().wait()  # until cancelled
+        finally:
+            await sub.close()
+            if hub is not self._hub:
+                await hub.aclose()
 
     def _decode_messages(self, msgs: list[dict]) -> list[Entry]:
         entries = []

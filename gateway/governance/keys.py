@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.exceptions import RedisError
 
 from gateway.governance.settings import Budget, Limits, Name
+from gateway.infra.hub import Subscription
 from gateway.infra.shared_state import SharedState
 
 log = logging.getLogger("gateway.governance")
@@ -94,7 +94,7 @@ class KeyStore:
         self._by_hash: dict[str, KeyRecord] = {}
         self._by_id: dict[str, KeyRecord] = {}
         self._synced_at = 0.0
-        self._subscribed = False
+        self._sub: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._misses: dict[str, float] = {}  # unknown hashes looked up recently (bounded)
         self.refresh_s = 30.0
@@ -248,7 +248,11 @@ class KeyStore:
             self._put(rec)
 
     async def _load_all(self) -> list[KeyRecord]:
-        """Replace the mirror with what Redis holds (kept as it is when Redis is down)."""
+        """Update the mirror with what Redis holds (kept as it is when Redis is down).
+
+        A record Redis no longer holds stays: keys are revoked, never deleted, so a key missing
+        from Redis means Redis lost it (restarted empty), and a known key keeps working.
+        """
 
         async def read(r: Any) -> list[Any] | None:
             ids = await r.smembers(self._index)
@@ -260,17 +264,26 @@ class KeyStore:
         if raws is None:
             return []
         recs = [rec for raw in raws if raw is not None and (rec := _parse(raw)) is not None]
-        self._by_id = {r.id: r for r in recs}
-        self._by_hash = {r.hash: r for r in recs}
+        fresh = {r.id: r for r in recs}
+        kept = [r for r in self._by_id.values() if r.id not in fresh]
+        self._by_id = {**{r.id: r for r in kept}, **fresh}
+        self._by_hash = {r.hash: r for r in self._by_id.values()}
         self._synced_at = time.monotonic()
         return recs
 
     async def start(self) -> None:
         if self.state.enabled:
             await self._load_all()
+            # Events may have been missed while unsubscribed: a full load after each subscription.
+            self._sub = self.state.hub.subscribe(
+                self.channel, self._apply, on_subscribed=self._load_all
+            )
             self._task = asyncio.create_task(self._sync_loop(), name="keys-sync")
 
     async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.close()
+            self._sub = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -278,33 +291,18 @@ class KeyStore:
             self._task = None
 
     async def _sync_loop(self) -> None:
-        redis = self.state.redis
-        assert redis is not None
+        """Full resyncs, in line with the events: every `refresh_s` while the channel is live
+        (an event may have been lost), every second while it is not (the process's hub
+        subscribes again once Redis is back, and resyncs then too)."""
+        last_full = time.monotonic()
         while True:
-            pubsub = redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await pubsub.subscribe(self.channel)
-                self._subscribed = True
-                await self._load_all()  # events may have been missed while unsubscribed
-                last_full = time.monotonic()
-                while True:
-                    msg = await pubsub.get_message(timeout=1.0)
-                    if msg is not None and msg.get("type") == "message":
-                        await self._apply(msg["data"])
-                    if time.monotonic() - last_full >= self.refresh_s:
-                        await self._load_all()
-                        last_full = time.monotonic()
-            except (RedisError, OSError, TimeoutError):
-                self._subscribed = False
-            except Exception:  # never let a bug stop the sync for good
-                self._subscribed = False
-                log.exception("managed keys: sync failed; retrying")
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-            # Not subscribed: poll every second until the channel is back.
             await asyncio.sleep(1.0)
-            await self._load_all()
+            sub = self._sub
+            if sub is None:
+                return
+            if not sub.live or time.monotonic() - last_full >= self.refresh_s:
+                last_full = time.monotonic()
+                sub.run_in_order(self._load_all)
 
     async def _apply(self, data: bytes) -> None:
         try:

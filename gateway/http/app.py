@@ -92,14 +92,15 @@ async def _deferred_length(fallbacks: Fallbacks) -> int:
 def create_app(
     policy: Policy, state: SharedState | None = None, policy_path: str | None = None
 ) -> FastAPI:
+    # The one owner of Redis connections and subscriptions (`state.hub`), passed to every user.
     state = state if state is not None else SharedState.from_env()
     # Each process's share of the policy's limits (gateway.infra.shares): learned through Redis.
     shares = Shares.local() if policy.replicas.share_limits else Shares()
     runtime = Runtime(policy, shares)
     fallbacks = Fallbacks(
-        _rules_path(policy, policy_path), state.url, prefix=state.tagged_key("deferred")
+        _rules_path(policy, policy_path), state.hub, prefix=state.tagged_key("deferred")
     )
-    semantic = SemanticLayer(policy.semantic_cache, state.url, state.prefix)
+    semantic = SemanticLayer(policy.semantic_cache, state.hub, state.prefix)
     pipeline = Pipeline(runtime, state, fallbacks, semantic)
     pipeline.dispatcher.admission.shares = shares
 
@@ -114,7 +115,7 @@ def create_app(
     )
     shared_breakers = (
         SharedBreakers(
-            runtime.breakers, state.url, channel=state.key("breakers"), replica_id=replica_id()
+            runtime.breakers, state.hub, channel=state.key("breakers"), replica_id=replica_id()
         )
         if state.url
         else None

@@ -5,6 +5,10 @@ timeouts; when Redis cannot be reached it logs once, returns a default, and skip
 short back-off so a dead Redis costs requests nothing. A command Redis answers with an error is
 only that command's failure (default returned), never "Redis down" for every other request.
 redis-py reconnects by itself once Redis is back.
+
+The connections themselves belong to the process's `RedisHub` (`state.hub`): its client is
+`state.redis`, and every other user of Redis (subscriptions, the deferred queue, the caches)
+takes its client from the same hub.
 """
 
 from __future__ import annotations
@@ -19,31 +23,33 @@ from typing import TypeVar
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import DataError, ReadOnlyError, ResponseError
 
-from gateway.infra.redis_client import AnyRedis, make_redis
+from gateway.infra.hub import RedisHub
+from gateway.infra.redis_client import AnyRedis
 
 log = logging.getLogger("gateway.state")
 T = TypeVar("T")
 
 
 class SharedState:
-    def __init__(self, url: str | None, *, prefix: str = "gw:", retry_after_s: float = 1.0) -> None:
-        self.url = url
+    def __init__(
+        self,
+        url: str | None,
+        *,
+        prefix: str = "gw:",
+        retry_after_s: float = 1.0,
+        hub: RedisHub | None = None,
+    ) -> None:
+        """Without `hub`, the state makes its own from `url` (and closes it in `aclose`)."""
+        self.url = url if hub is None else hub.url
         self.prefix = prefix
         self._retry_after_s = retry_after_s
         self._down_until = 0.0
         self._down_logged = False
         self._last_command_log = 0.0
-        self.redis: AnyRedis | None = None
-        if url:
-            # One server, a Redis Cluster or a Sentinel-managed primary, by the URL's scheme.
-            self.redis = make_redis(
-                url,
-                socket_connect_timeout=0.25,
-                socket_timeout=0.5,
-                health_check_interval=0,
-                retry_on_timeout=False,
-                max_connections=256,
-            )
+        self._own_hub = hub is None
+        # One server, a Redis Cluster or a Sentinel-managed primary, by the URL's scheme.
+        self.hub = hub if hub is not None else RedisHub(url)
+        self.redis: AnyRedis | None = self.hub.client
 
     @classmethod
     def from_env(cls) -> SharedState:
@@ -120,7 +126,7 @@ class SharedState:
             log.warning("Redis refused a command (%s): %s", type(exc).__name__, str(exc)[:200])
 
     async def aclose(self) -> None:
-        if self.redis is not None:
+        if self._own_hub:
             # Closing a dead connection must not fail shutdown.
             with contextlib.suppress(Exception):
-                await self.redis.aclose()
+                await self.hub.aclose()

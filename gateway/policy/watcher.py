@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from watchfiles import awatch
 
+from gateway.infra.filewatch import FileWatch, file_signature
+from gateway.infra.hub import Subscription
 from gateway.infra.shared_state import SharedState
 from gateway.policy.loader import (
     PolicyError,
@@ -55,6 +56,8 @@ class PolicyReloader:
         self.file_hash: str | None = None  # hash of the file text now applied
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._watch: FileWatch | None = None
+        self._sub: Subscription | None = None
 
     def _read(self) -> tuple[str, Policy]:
         """Read and validate the file (runs in a worker thread: YAML and validation are CPU)."""
@@ -109,55 +112,40 @@ class PolicyReloader:
         if self.path is not None:
             with contextlib.suppress(OSError, UnicodeDecodeError, PolicyError):
                 self.file_hash = text_hash(read_policy_text(self.path))
-            self._tasks.append(loop.create_task(self._watch()))
+            # Watch the folder: editors replace files rather than write in place, and a
+            # Kubernetes ConfigMap volume swaps its `..data` symlink to a new timestamped folder,
+            # so the event names `..data`, never the policy file (whose own symlink does not
+            # change). Any event in the folder reloads when what the path resolves to changed.
+            path = self.path
+            self._watch = FileWatch(
+                os.path.dirname(os.path.abspath(path)),
+                self.reload,
+                signature=lambda: file_signature(path),
+                recursive=False,
+                name="policy-watch",
+            )
+            self._watch.start()
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, self.reload_soon)
         if self.state.enabled:
-            self._tasks.append(loop.create_task(self._subscribe()))
+            # Follow reload signals of other replicas; the hub resubscribes after an outage.
+            self._sub = self.state.hub.subscribe(
+                self.state.key(CHANNEL), self.on_signal, on_lost=self.state.mark_down
+            )
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            await self._watch.stop()
+            self._watch = None
+        if self._sub is not None:
+            await self._sub.close()
+            self._sub = None
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-
-    async def _watch(self) -> None:
-        assert self.path is not None
-        folder = os.path.dirname(os.path.abspath(self.path))
-        seen = file_signature(self.path)
-        # Watch the folder: editors replace files rather than write in place, and a Kubernetes
-        # ConfigMap volume swaps its `..data` symlink to a new timestamped folder, so the event
-        # names `..data`, never the policy file (whose own symlink does not change). Any event
-        # in the folder reloads when what the path resolves to changed.
-        async for _changes in awatch(
-            folder, debounce=200, step=50, rust_timeout=1000, recursive=False
-        ):
-            now = file_signature(self.path)
-            if now != seen:
-                seen = now
-                await self.reload()
-
-    async def _subscribe(self) -> None:
-        """Follow reload signals of other replicas; reconnect with back-off while Redis is down."""
-        channel = self.state.key(CHANNEL)
-        delay = 0.5
-        while True:
-            redis = self.state.redis
-            assert redis is not None
-            try:
-                async with redis.pubsub(ignore_subscribe_messages=True) as ps:
-                    await ps.subscribe(channel)
-                    delay = 0.5
-                    async for msg in ps.listen():
-                        await self.on_signal(msg.get("data"))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - any Redis failure: retry later
-                self.state.mark_down(e)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
 
     async def on_signal(self, data: object) -> None:
         """Another replica reloaded: re-read our own file. Nothing in the message is applied."""
@@ -185,16 +173,6 @@ class PolicyReloader:
             )
         if own != self.file_hash:
             await self.reload(publish=False, reason=" after a reload signal")
-
-
-def file_signature(path: Path) -> tuple[str, int, int, int] | None:
-    """What `path` resolves to now: real path, inode, size and modification time."""
-    try:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-    except OSError:
-        return None
-    return real, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def replica_id() -> str:

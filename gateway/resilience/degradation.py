@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from gateway.context import Context
 from gateway.errors import GatewayError
-from gateway.infra.redis_client import make_redis
+from gateway.infra.hub import RedisHub, hub_for
 from gateway.resilience.deferred import (
     MemoryReplayQueue,
     QueueFull,
@@ -37,15 +37,13 @@ SendFn = Callable[[ReplayEntry], Awaitable[tuple[int, bytes]]]
 
 class Fallbacks:
     def __init__(
-        self, rules_path: Path | None, redis_url: str | None, *, prefix: str = "gateway"
+        self, rules_path: Path | None, redis: str | RedisHub | None, *, prefix: str = "gateway"
     ) -> None:
+        """`redis`: the process's hub (the queue reads with its blocking client), or a URL
+        (a hub of its own, closed on stop), or None (in memory)."""
         self.rules = RuleStore(rules_path) if rules_path is not None else None
-        client = (
-            make_redis(redis_url, socket_connect_timeout=0.5, socket_timeout=5.0)
-            if redis_url
-            else None
-        )
-        self._client = client
+        self._hub, self._own_hub = hub_for(redis)
+        client = self._hub.blocking  # XREADGROUP ... BLOCK outlasts the request-path timeouts
         # The replicas of one deployment share the queue; other deployments use another prefix.
         self.queue: ReplayQueue = make_replay_queue(client, ReplaySettings(prefix=prefix))
         self.local_queue = MemoryReplayQueue()  # when Redis is down at enqueue time
@@ -68,8 +66,8 @@ class Fallbacks:
             await w.stop()
         if self.rules is not None:
             await self.rules.stop()
-        if self._client is not None:
-            await self._client.aclose()
+        if self._own_hub:
+            await self._hub.aclose()
 
     async def degrade(
         self, err: GatewayError, acc: ParsedRequest, raw: bytes, ctx: Context

@@ -38,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.infra.filewatch import FileWatch
 from gateway.policy.source import MAX_BYTES, YamlLimitError, load_yaml
 
 log = logging.getLogger(__name__)
@@ -380,10 +381,17 @@ class RuleStore:
         self.rules: RuleSet = RuleSet()
         self.version = 0
         self.last_error: RuleFileError | None = None
-        self._debounce_ms, self._polling = debounce_ms, force_polling
-        self._stop = asyncio.Event()
+        # Any change in the folder reloads: editors write temp files and renames, and mounted
+        # config (e.g. Kubernetes ConfigMaps) swaps a symlinked folder, not the .yaml files.
+        self._watch = FileWatch(
+            self.path if self.path.is_dir() else self.path.parent,
+            self.reload_async,
+            debounce_ms=debounce_ms,
+            force_polling=force_polling,
+            catch_up=self._catch_up,
+            name="fallback-rules-watch",
+        )
         self._seen: tuple[tuple[str, int, int], ...] = ()
-        self._task: asyncio.Task[None] | None = None
 
     def reload(self) -> bool:
         """Load now; on error log it, keep the previous rules, return False."""
@@ -424,16 +432,10 @@ class RuleStore:
         self._seen = self._fingerprint()
         self.rules = load_rules(self.path)
         self.version += 1
-        self._stop.clear()
-        self._task = asyncio.create_task(self._watch(), name="fallback-rules-watch")
+        self._watch.start()
 
     async def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        await self._watch.stop()
 
     def match(self, alias: str, cls: str, tenant: str, last_user_text: str) -> DefaultRule:
         """The rule to answer with; the built-in default when no file defines one."""
@@ -449,22 +451,3 @@ class RuleStore:
         """Reload if files changed between the initial load and the watcher being ready."""
         if self._fingerprint() != self._seen:
             self.reload()
-
-    async def _watch(self) -> None:
-        from watchfiles import awatch
-
-        # Any change in the folder reloads: editors write temp files and renames, and mounted
-        # config (e.g. Kubernetes ConfigMaps) swaps a symlinked folder, not the .yaml files.
-        watched = self.path if self.path.is_dir() else self.path.parent
-        catch_up = asyncio.get_running_loop().call_later(0.25, self._catch_up)
-        try:
-            async for _changes in awatch(
-                watched,
-                stop_event=self._stop,
-                debounce=self._debounce_ms,
-                step=50,
-                force_polling=self._polling,
-            ):
-                await self.reload_async()
-        finally:
-            catch_up.cancel()

@@ -8,8 +8,9 @@ its own, and the first probe that succeeds closes the breaker everywhere.
 
 Redis is never on the request path: the breaker listener only drops the event into a small
 per-provider mailbox that a background task publishes. While Redis is unreachable the local
-breakers keep working, one warning is logged, and both tasks reconnect with backoff; events
-raised meanwhile are coalesced (latest per provider) and published once Redis is back.
+breakers keep working, one warning is logged, the publisher retries with backoff and the
+process's `RedisHub` subscribes again once Redis is back; events raised meanwhile are coalesced
+(latest per provider) and published then.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from gateway.infra.redis_client import AnyRedis, make_redis
+from gateway.infra.hub import RedisHub, Subscription, hub_for
 from gateway.resilience.breaker import BreakerEvent, BreakerRegistry, BreakerState
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class SharedBreakers:
     def __init__(
         self,
         registry: BreakerRegistry,
-        redis_url: str,
+        redis: str | RedisHub,
         *,
         channel: str = "gateway:breakers",
         replica_id: str | None = None,
@@ -48,12 +49,14 @@ class SharedBreakers:
         self.registry = registry
         self.channel = channel
         self.replica_id = replica_id or uuid.uuid4().hex[:12]
-        self._url = redis_url
         self._min_s, self._max_s = reconnect_min_s, reconnect_max_s
-        self._client: AnyRedis | None = None
+        # A URL (tests, tools): a hub of its own, closed on stop; the app passes its one hub.
+        self._hub_arg = redis
+        self._hub: RedisHub | None = None
+        self._own_hub = False
+        self._sub: Subscription | None = None
         self._pending: dict[str, dict[str, Any]] = {}  # provider -> latest local event
         self._wake = asyncio.Event()
-        self._subscribed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._down = False
         self.published = 0
@@ -62,21 +65,21 @@ class SharedBreakers:
 
     @property
     def connected(self) -> bool:
-        return self._subscribed.is_set() and not self._down
+        return self._sub is not None and self._sub.live and not self._down
 
     async def start(self) -> None:
-        """Start the publisher and subscriber tasks; never raises for an unreachable Redis."""
-        self._client = make_redis(self._url, socket_connect_timeout=1.0, socket_timeout=2.0)
-        self._tasks = [
-            asyncio.create_task(self._publish_loop(), name="breakers-publish"),
-            asyncio.create_task(self._subscribe_loop(), name="breakers-subscribe"),
-        ]
+        """Start the publisher and subscribe; never raises for an unreachable Redis."""
+        self._hub, self._own_hub = hub_for(
+            self._hub_arg, reconnect_min_s=self._min_s, reconnect_max_s=self._max_s
+        )
+        self._sub = self._hub.subscribe(
+            self.channel, self._apply, on_subscribed=self._mark_up, on_lost=self._mark_down
+        )
+        self._tasks = [asyncio.create_task(self._publish_loop(), name="breakers-publish")]
 
     async def wait_subscribed(self, within_s: float = 5.0) -> bool:
         """For start-up and tests: True once the subscription is live."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._subscribed.wait(), within_s)
-        return self._subscribed.is_set()
+        return self._sub is not None and await self._sub.wait_live(within_s)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -85,10 +88,12 @@ class SharedBreakers:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
-        if self._client is not None:
-            with contextlib.suppress(Exception):
-                await self._client.aclose()
-            self._client = None
+        if self._sub is not None:
+            await self._sub.close()
+            self._sub = None
+        if self._hub is not None and self._own_hub:
+            await self._hub.aclose()
+        self._hub = None
 
     # ---- local -> Redis --------------------------------------------------------------------
 
@@ -121,8 +126,8 @@ class SharedBreakers:
                     self._pending.pop(provider, None)
                     continue
                 try:
-                    assert self._client is not None
-                    await self._client.publish(self.channel, payload)
+                    assert self._hub is not None and self._hub.client is not None
+                    await self._hub.client.publish(self.channel, payload)
                 except Exception as exc:  # noqa: BLE001 - whatever Redis or its client raise
                     failures += 1
                     if failures == 1:
@@ -137,32 +142,6 @@ class SharedBreakers:
                     del self._pending[provider]
 
     # ---- Redis -> local --------------------------------------------------------------------
-
-    async def _subscribe_loop(self) -> None:
-        failures = 0
-        while True:
-            assert self._client is not None
-            pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-            try:
-                # A command first: a Redis Cluster client learns its slot map on the first one,
-                # and a subscription made before cannot find the channel's node.
-                await self._client.ping()
-                await pubsub.subscribe(self.channel)
-                self._subscribed.set()
-                self._mark_up()
-                failures = 0
-                while True:
-                    msg = await pubsub.get_message(timeout=1.0)
-                    if msg is not None and msg.get("type") == "message":
-                        self._apply(msg["data"])
-            except Exception as exc:  # noqa: BLE001 - whatever Redis or its client raise
-                self._subscribed.clear()
-                self._mark_down(exc)
-                failures += 1
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-            await asyncio.sleep(self._backoff(failures))
 
     def _apply(self, data: bytes) -> None:
         try:
