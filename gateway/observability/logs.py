@@ -28,17 +28,31 @@ def access_log_enabled(env: Mapping[str, str] = os.environ) -> bool:
     return env.get("GATEWAY_ACCESS_LOG", "1").lower() not in ("0", "false", "no", "off")
 
 
+class _StdoutLines(logging.StreamHandler):  # type: ignore[type-arg]
+    """The default handler: bare JSON lines on stdout. The observer writes its lines itself
+    (one `os.write`, no logging machinery: about 5% of a request's CPU on a zero-latency
+    upstream) while this handler is the logger's only one."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stdout)
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+
 def setup_access_logger() -> logging.Logger:
     """Bare JSON lines on stdout unless logging was configured for `gateway.access` already."""
     logger = logging.getLogger(ACCESS)
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
+        logger.addHandler(_StdoutLines())
         logger.propagate = False
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.INFO)
     return logger
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def access_record(ctx: Context, bodies: bool = False) -> dict[str, Any]:
@@ -96,5 +110,14 @@ class AccessLog:
     def __call__(self, ctx: Context) -> None:
         logger = self.logger
         if not logger.isEnabledFor(logging.INFO):
+            return
+        handlers = logger.handlers
+        if len(handlers) == 1 and type(handlers[0]) is _StdoutLines and not logger.filters:
+            line = orjson.dumps(access_record(ctx, self.bodies), option=orjson.OPT_APPEND_NEWLINE)
+            try:
+                sys.stdout.flush()  # whatever else went to stdout stays in order
+                _write_all(sys.stdout.fileno(), line)
+            except (OSError, ValueError):  # stdout closed or not a file: the line is lost
+                pass
             return
         logger.info(orjson.dumps(access_record(ctx, self.bodies)).decode())
