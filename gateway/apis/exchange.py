@@ -61,13 +61,15 @@ def error_fields(body: bytes) -> dict[str, Any]:
 def rebuild(
     response: Response, body: bytes, status: int | None = None, media_type: str = JSON
 ) -> Response:
-    """A new response with `body`, keeping the gateway's headers (request id, cache, pool...)."""
+    """A new response with `body`, keeping the gateway's headers (request id, cache, pool...)
+    and what is to run once it has been sent (the stages' `on_finish` hooks)."""
     headers = {k: v for k, v in response.headers.items() if k not in _DROP}
     return Response(
         body,
         status_code=response.status_code if status is None else status,
         headers=headers,
         media_type=media_type,
+        background=response.background,
     )
 
 

@@ -176,7 +176,7 @@ class AdminViews:
 
     def stats(self) -> dict:
         members = self.members()
-        fallbacks = self.pipeline.fallbacks
+        degradation = self.pipeline.degradation
         return {
             "now": time.time(),
             "uptime_s": round(time.time() - self.started, 1),
@@ -187,8 +187,8 @@ class AdminViews:
             },
             "pools": self.pools(members),
             "traffic": self.recent.summary() if self.recent is not None else None,
-            "degraded_total": fallbacks.degraded,
-            "deferred_total": fallbacks.queued,
+            "degraded_total": degradation.degraded,
+            "deferred_total": degradation.queued,
         }
 
 

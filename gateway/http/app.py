@@ -50,8 +50,8 @@ from gateway.pipeline.stack import Pipeline
 from gateway.pipeline.stages.accept import read_body
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
-from gateway.resilience.degradation import Fallbacks
-from gateway.resilience.shared import SharedBreakers
+from gateway.resilience.degradation import Degradation
+from gateway.resilience.shared_breakers import SharedBreakers
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway")
@@ -79,10 +79,10 @@ def metrics_enabled() -> bool:
     return os.environ.get("GATEWAY_METRICS", "1").lower() not in ("0", "false", "no", "off")
 
 
-async def _deferred_length(fallbacks: Fallbacks) -> int:
+async def _deferred_length(degradation: Degradation) -> int:
     """Requests waiting for replay (bounded wait: a scrape must not hang on Redis)."""
     total = 0
-    for q in (fallbacks.queue, fallbacks.local_queue):
+    for q in (degradation.queue, degradation.local_queue):
         with contextlib.suppress(Exception):
             async with asyncio.timeout(0.25):
                 total += await q.depth()
@@ -97,11 +97,11 @@ def create_app(
     # Each process's share of the policy's limits (gateway.infra.shares): learned through Redis.
     shares = Shares.local() if policy.replicas.share_limits else Shares()
     runtime = Runtime(policy, shares)
-    fallbacks = Fallbacks(
+    degradation = Degradation(
         _rules_path(policy, policy_path), state.hub, prefix=state.tagged_key("deferred")
     )
     semantic = SemanticLayer(policy.semantic_cache, state.hub, state.prefix)
-    pipeline = Pipeline(runtime, state, fallbacks, semantic)
+    pipeline = Pipeline(runtime, state, degradation, semantic)
     pipeline.dispatcher.admission.shares = shares
 
     def shares_changed() -> None:
@@ -136,7 +136,7 @@ def create_app(
     for observer in (request_metrics, recent, AccessLog.from_env()):
         pipeline.observe(observer)
     collector = metrics.GatewayCollector(
-        request_metrics, runtime, pipeline.dispatcher, pipeline.semantic, fallbacks, reloader
+        request_metrics, runtime, pipeline.dispatcher, pipeline.semantic, degradation, reloader
     )
     registry = metrics.make_registry(collector)
     governance = pipeline.governance
@@ -166,7 +166,7 @@ def create_app(
         if workers_metrics is not None:
             workers_metrics.start()
         await governance.start(runtime.snapshot.policy.governance)
-        await fallbacks.start(pipeline.replay_send)
+        await degradation.start(pipeline.replay_send)
         if any(m.cache.semantic.enabled for m in policy.models.values()):
             await semantic.start()
         if shared_breakers is not None:
@@ -178,7 +178,7 @@ def create_app(
         await governance.stop()
         if shared_breakers is not None:
             await shared_breakers.stop()
-        await fallbacks.stop()
+        await degradation.stop()
         await semantic.aclose()
         await reloader.stop()
         await reachability.stop()
@@ -343,7 +343,7 @@ def create_app(
     async def prometheus_metrics(request: Request) -> Response:
         if not operator(request):
             require_admin(request)  # raises the admin API's 401/403
-        collector.deferred_length = await _deferred_length(fallbacks)
+        collector.deferred_length = await _deferred_length(degradation)
         if workers_metrics is not None:
             return Response(workers_metrics.render(), media_type=metrics.CONTENT_TYPE)
         return Response(metrics.render(registry), media_type=metrics.CONTENT_TYPE)
@@ -355,7 +355,7 @@ def create_app(
             runtime.snapshot, request.headers.get("authorization")
         )
         tenant = principal.tenant
-        doc = await fallbacks.result(request_id, tenant)
+        doc = await degradation.result(request_id, tenant)
         if doc is None:
             raise errors.not_found("No deferred request with this id.", code="deferred_not_found")
         return _json(doc)

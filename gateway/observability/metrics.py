@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from gateway.policy.watcher import PolicyReloader
     from gateway.resilience.admission import Admission
     from gateway.resilience.budget import RetryBudget
-    from gateway.resilience.degradation import Fallbacks
+    from gateway.resilience.degradation import Degradation
     from gateway.resilience.hedge import HedgeTracker
     from gateway.runtime import Runtime
 
@@ -176,12 +176,12 @@ class GatewayCollector(Collector):
         runtime: Runtime,
         failover: FailoverState,
         semantic: SemanticLayer,
-        fallbacks: Fallbacks,
+        degradation: Degradation,
         reloader: PolicyReloader,
     ) -> None:
         self.req, self.runtime = requests, runtime
         self.failover, self.semantic = failover, semantic
-        self.fallbacks, self.reloader = fallbacks, reloader
+        self.degradation, self.reloader = degradation, reloader
         self.deferred_length = 0  # refreshed (async) before each scrape
 
     def collect(self) -> Iterable[Metric]:
@@ -277,7 +277,9 @@ class GatewayCollector(Collector):
             hedges.add_metric([pool, "won"], tracker.won.get(pool, 0))
         yield hedges
         yield CounterMetricFamily(
-            "gateway_deferred_enqueued", "Requests queued for replay.", value=self.fallbacks.queued
+            "gateway_deferred_enqueued",
+            "Requests queued for replay.",
+            value=self.degradation.queued,
         )
         yield GaugeMetricFamily(
             "gateway_deferred_queue_length",

@@ -76,11 +76,12 @@ class _Hooks:
         self.hooks: list[Finish] = []
 
     async def __call__(self) -> None:
+        hooks, self.hooks = self.hooks, []  # once, even if run again
         try:
             if self.first is not None:
                 await self.first()
         finally:
-            run_hooks(self.hooks)
+            run_hooks(hooks)
 
 
 def on_finish(response: Response, fn: Finish) -> None:
@@ -104,4 +105,5 @@ def finish_now(response: Response) -> None:
     bg = response.background
     if bg is not None and isinstance(bg.func, _Hooks):
         response.background = None
-        run_hooks(bg.func.hooks)
+        hooks, bg.func.hooks = bg.func.hooks, []
+        run_hooks(hooks)

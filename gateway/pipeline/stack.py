@@ -45,7 +45,7 @@ from gateway.pipeline.stages.record import Record
 from gateway.pipeline.stages.trace import Trace
 from gateway.pipeline.stages.translate import Translate
 from gateway.resilience.deferred import ReplayEntry
-from gateway.resilience.degradation import Fallbacks
+from gateway.resilience.degradation import Degradation
 from gateway.runtime import Runtime, Snapshot
 from gateway.wire.request import Endpoint
 
@@ -82,12 +82,12 @@ class Pipeline:
         self,
         runtime: Runtime,
         state: SharedState | None = None,
-        fallbacks: Fallbacks | None = None,
+        degradation: Degradation | None = None,
         semantic: SemanticLayer | None = None,
     ) -> None:
         self.runtime = runtime
         self.state = state or SharedState(None)
-        self.fallbacks = fallbacks or Fallbacks(None, None)
+        self.degradation = degradation or Degradation(None, None)
         self.semantic = semantic or SemanticLayer(SemanticSettings(), None, "gw:")
         self.exact: Store = RedisStore(self.state) if self.state.enabled else MemoryLRU()
         self.flights = SingleFlight()
@@ -103,7 +103,7 @@ class Pipeline:
         self.accept = Accept()
         self.classify = Classify()
         self.limit = Limit(self.governance)
-        self.degrade = Degrade(self.fallbacks)
+        self.degrade = Degrade(self.degradation)
         self.cache = Cache(self.exact, self.semantic, self.flights)
         self._stacks: dict[tuple[str, bool], Next] = {}
         self._stacks_of = -1  # id() of the snapshot the stacks were built for

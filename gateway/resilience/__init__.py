@@ -1,7 +1,7 @@
 """Resilience building blocks: failure taxonomy, circuit breakers, retry budget and backoff.
 
 Each module is usable on its own and free of any web framework; the request pipeline composes
-them in one place. Replica sharing of breaker events lives in :mod:`gateway.resilience.shared`
+them in one place. Replica sharing of breaker events lives in :mod:`gateway.resilience.shared_breakers`
 (it needs Redis, so it is not imported here).
 """
 

@@ -35,7 +35,7 @@ log = logging.getLogger("gateway.fallback")
 SendFn = Callable[[ReplayEntry], Awaitable[tuple[int, bytes]]]
 
 
-class Fallbacks:
+class Degradation:
     def __init__(
         self, rules_path: Path | None, redis: str | RedisHub | None, *, prefix: str = "gateway"
     ) -> None:

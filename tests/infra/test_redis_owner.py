@@ -20,8 +20,8 @@ from gateway.infra.filewatch import FileWatch, file_signature
 from gateway.infra.hub import RedisHub
 from gateway.infra.shared_state import SharedState
 from gateway.resilience.breaker import BreakerRegistry
-from gateway.resilience.degradation import Fallbacks
-from gateway.resilience.shared import SharedBreakers
+from gateway.resilience.degradation import Degradation
+from gateway.resilience.shared_breakers import SharedBreakers
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
 
@@ -91,13 +91,13 @@ async def test_one_pool_shared_by_all_users(server: PrivateRedis) -> None:
     state = SharedState(server.url, prefix="t:")
     hub = state.hub
     breakers = SharedBreakers(BreakerRegistry(), hub, channel="t:breakers", replica_id="a")
-    fallbacks = Fallbacks(None, hub, prefix="t:deferred")
+    degradation = Degradation(None, hub, prefix="t:deferred")
     try:
         await breakers.start()
         assert await breakers.wait_subscribed()
         assert state.redis is hub.client
         # The deferred queue reads with BLOCK: the hub's blocking client, made once.
-        assert fallbacks.queue.redis is hub.blocking  # type: ignore[attr-defined]
+        assert degradation.queue.redis is hub.blocking  # type: ignore[attr-defined]
         assert hub.blocking is hub.blocking
         assert await state.call(lambda r: r.ping(), False)
         # Several subscriptions, one pub/sub connection.
@@ -108,7 +108,7 @@ async def test_one_pool_shared_by_all_users(server: PrivateRedis) -> None:
         assert len([c for c in clients if int(c.get("sub", 0)) > 0]) == 1
     finally:
         await breakers.stop()
-        await fallbacks.stop()
+        await degradation.stop()
         await state.aclose()
 
 

@@ -181,7 +181,7 @@ def test_cluster_master_killed_under_load(fleet, cluster, tmp_path, monkeypatch)
 
     gw, prefix = run_failover(fleet, tmp_path, cluster.url, kill, monkeypatch)
     try:
-        stream = gw.app.state.pipeline.fallbacks.queue.stream
+        stream = gw.app.state.pipeline.degradation.queue.stream
         assert stream == "{" + prefix + "deferred}:replay"
         cluster.wait_healthy()
         assert cluster.master_of(stream) != killed[0]  # a replica took the slots over

@@ -114,3 +114,26 @@ async def test_finish_now_without_hooks_keeps_the_background() -> None:
     response = Response(b"x", background=task)
     finish_now(response)
     assert response.background is task
+
+
+async def test_unary_hooks_never_run_twice() -> None:
+    log: list[str] = []
+    response = Response(b"x")
+    hooks(response, log)
+    assert response.background is not None
+    await response.background()
+    await response.background()
+    finish_now(response)
+    assert log == ["a", "b"]
+
+
+async def test_a_translated_answer_keeps_the_hooks() -> None:
+    from gateway.apis.exchange import rebuild
+
+    log: list[str] = []
+    response = Response(b"{}", media_type="application/json")
+    hooks(response, log)
+    translated = rebuild(response, b"{}")
+    assert translated.background is not None
+    await translated.background()
+    assert log == ["a", "b"]

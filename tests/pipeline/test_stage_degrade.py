@@ -11,7 +11,7 @@ from gateway.errors import GatewayError
 from gateway.pipeline.candidates import Shed
 from gateway.pipeline.client_errors import Exhausted
 from gateway.pipeline.stages.degrade import Degrade
-from gateway.resilience.degradation import Fallbacks
+from gateway.resilience.degradation import Degradation
 from tests.pipeline.conftest import FakeNext, error_of, make_call, snapshot
 
 RULES = """
@@ -28,9 +28,9 @@ def exhausted() -> Exhausted:
 
 def degrade(tmp_path: Path) -> Degrade:
     (tmp_path / "rules.yaml").write_text(RULES)
-    fallbacks = Fallbacks(tmp_path, None)
-    assert fallbacks.rules is not None and fallbacks.rules.reload()
-    return Degrade(fallbacks)
+    degradation = Degradation(tmp_path, None)
+    assert degradation.rules is not None and degradation.rules.reload()
+    return Degrade(degradation)
 
 
 @pytest.mark.parametrize("error", [exhausted(), Shed("main", 3)], ids=["exhausted", "shed"])
@@ -42,7 +42,7 @@ async def test_nothing_could_answer_gives_the_rule_answer(tmp_path: Path, error)
     assert response.headers["x-gateway-rule"] == "busy"
     doc = orjson.loads(bytes(response.body))
     assert doc["choices"][0]["message"]["content"] == "Busy: chat for team."
-    assert call.ctx.degraded and stage.fallbacks.degraded == 1
+    assert call.ctx.degraded and stage.degradation.degraded == 1
 
 
 async def test_a_replay_is_not_degraded(tmp_path: Path) -> None:
@@ -62,11 +62,11 @@ async def test_other_errors_and_answers_pass_through(tmp_path: Path) -> None:
     assert raised.value is err
     fake = FakeNext()
     assert await stage(make_call(snapshot()), fake) is fake.response
-    assert stage.fallbacks.degraded == 0
+    assert stage.degradation.degraded == 0
 
 
 async def test_without_rules_the_error_itself_is_the_answer() -> None:
-    stage, call = Degrade(Fallbacks(None, None)), make_call(snapshot())
+    stage, call = Degrade(Degradation(None, None)), make_call(snapshot())
     response = await stage(call, FakeNext(error=exhausted()))
     assert response.status_code == 503 and error_of(response)["code"] == "upstream_error"
     assert not call.ctx.degraded

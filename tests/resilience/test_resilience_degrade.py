@@ -143,7 +143,7 @@ auth:
     assert request_id.startswith("dfr_") and request_id != r.headers["x-request-id"]
     validate_sse(r.content)
     stream_key = SharedState(None, prefix=redis_prefix).tagged_key("deferred") + ":replay"
-    assert gw.pipeline.fallbacks.queue.stream == stream_key  # in Redis, under this prefix
+    assert gw.pipeline.degradation.queue.stream == stream_key  # in Redis, under this prefix
 
     def fetch(key: str) -> httpx.Response:
         return httpx.get(

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.resilience.breaker import BreakerEvent, BreakerRegistry, BreakerSettings, BreakerState
 from gateway.resilience.failures import FailureKind
-from gateway.resilience.shared import SharedBreakers
+from gateway.resilience.shared_breakers import SharedBreakers
 
 REDIS_URL = "redis://127.0.0.1:6379/3"
 SETTINGS = BreakerSettings(consecutive_failures=3, cooldown_s=30, max_cooldown_s=60)
@@ -105,7 +105,7 @@ async def test_no_echo_loop() -> None:
 async def test_redis_down_keeps_local_breakers_and_logs_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gateway.resilience.shared")
+    caplog.set_level(logging.WARNING, logger="gateway.resilience.shared_breakers")
     url = f"redis://127.0.0.1:{free_port()}/3"  # nothing listens there
     registry, shared = await replica(url, "test:breakers:down", "A")
     try:

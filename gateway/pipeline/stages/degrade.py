@@ -11,14 +11,14 @@ from gateway.pipeline.call import Call
 from gateway.pipeline.candidates import Shed
 from gateway.pipeline.client_errors import Exhausted
 from gateway.pipeline.stage import Next
-from gateway.resilience.degradation import Fallbacks
+from gateway.resilience.degradation import Degradation
 
 
 class Degrade:
     name = "degrade"
 
-    def __init__(self, fallbacks: Fallbacks) -> None:
-        self.fallbacks = fallbacks
+    def __init__(self, degradation: Degradation) -> None:
+        self.degradation = degradation
 
     async def __call__(self, call: Call, next: Next) -> Response:
         try:
@@ -28,4 +28,4 @@ class Degrade:
             if ctx.replay:
                 raise
             with stage(ctx, "fallback"):
-                return await self.fallbacks.degrade(e, call.acc, call.raw, ctx)
+                return await self.degradation.degrade(e, call.acc, call.raw, ctx)
