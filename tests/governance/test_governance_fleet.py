@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
-import socket
 import statistics
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +19,7 @@ import httpx
 import pytest
 
 from loadtests.simulator.testing import run_fleet
-from tests.support import gateway_process
+from tests.support import RedisProcess, gateway_process
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
 
@@ -30,45 +27,9 @@ RPM = 120  # the noisy tenant: a burst of 120, then 2 a second
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
-def _port() -> int:
-    for port in range(7100 + os.getpid() % 50, 7200):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) != 0:
-                return port
-    raise RuntimeError("no free port in 7100-7199")
-
-
-class RedisServer:
-    def __init__(self) -> None:
-        self.port = _port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.02)
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(5)
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[tuple[list[str], RedisServer]]:
-    redis = RedisServer()
+def stack(tmp_path_factory) -> Iterator[tuple[list[str], RedisProcess]]:
+    redis = RedisProcess()
     redis.start()
     with run_fleet([{"name": "a", "profile": "fast"}, {"name": "b", "profile": "fast"}]) as fleet:
         policy = Path(tmp_path_factory.mktemp("gov")) / "policy.yaml"

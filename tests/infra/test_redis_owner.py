@@ -7,8 +7,6 @@ import asyncio
 import logging
 import os
 import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,48 +20,13 @@ from gateway.infra.shared_state import SharedState
 from gateway.resilience.breaker import BreakerRegistry
 from gateway.resilience.degradation import Degradation
 from gateway.resilience.shared_breakers import SharedBreakers
+from tests.support import RedisProcess, free_port
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="no redis-server")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class PrivateRedis:
+class PrivateRedis(RedisProcess):
     """A redis-server of this test alone, without persistence: killed and started at will."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if redis.Redis(port=self.port, socket_timeout=0.5).ping():
-                    return
-            except redis.RedisError:
-                pass
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
     def publish(self, channel: str, data: bytes) -> int:
         return int(redis.Redis(port=self.port, socket_timeout=1).publish(channel, data))
