@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import time
@@ -171,6 +172,10 @@ def create_app(
             await semantic.start()
         if shared_breakers is not None:
             await shared_breakers.start()
+        # What start-up built (policy, tokenizer tables, models, clients) lives as long as the
+        # process: out of the collector's sight, a collection walks only per-request objects.
+        gc.collect()
+        gc.freeze()
         yield
         drain.uninstall()
         if workers_metrics is not None:
