@@ -10,6 +10,7 @@ the relay keeps settling attempts, resuming and recording exactly as for a chat 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, Protocol
 
@@ -28,6 +29,11 @@ JSON = "application/json"
 
 class StreamTranslator(Protocol):
     """Turns chat.completion.chunk payloads into another API's SSE events."""
+
+    def text(self, text: str) -> bytes | None:
+        """The event of the common chunk (one choice, a non-empty text delta, nothing else that
+        `chunk` would act on), or None when `chunk` must take it (e.g. no text block open)."""
+        ...
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]: ...
     def error(self, error: dict[str, Any]) -> list[bytes]: ...
@@ -76,33 +82,141 @@ def rebuild(
 def translate_events(
     events: list[bytes], tr: StreamTranslator, out: list[bytes] | None = None
 ) -> bool:
-    """Chat SSE events in, the translator's events appended to `out`; True once `[DONE]` came
-    ([DONE] and comments are consumed)."""
-    out = [] if out is None else out
-    done = False
-    for ev in events:
-        # The relay's events are single `data:` lines: sliced without splitting.
-        if ev.startswith(b"data: ") and ev.find(b"\n") == len(ev) - 2:
-            data: bytes | None = ev[6:-2]
-        else:
-            data = event_data(ev)
-        if data is None:
-            continue
-        if data == b"[DONE]":
-            done = True
-            continue
+    """Chat SSE events in (each ending in its blank line), the translator's events appended to
+    `out`; True once `[DONE]` came ([DONE] and comments are consumed)."""
+    bare = [ev[:-2] if ev.endswith(b"\n\n") else ev for ev in events]
+    return ChatEvents(tr).feed(bare, [] if out is None else out)
+
+
+# What a JSON string written without escapes cannot hold (orjson escapes exactly these).
+_ESCAPED = re.compile(rb'["\\\x00-\x1f]')
+_PROBES = ("zq", "qz")  # another text than the chunk's
+_LEARN_TRIES = 3
+
+
+class ChatEvents:
+    """One stream's chat events (bare: without their blank line) through a translator.
+
+    The common chunk (one choice, a non-empty text delta, nothing else) goes straight to the
+    translator's `text`. Once such a chunk was parsed, the bytes around its text (the frame) are
+    kept: a later event with the same frame and an escape-free text is that same chunk with
+    another text, so its text is sliced out without parsing it.
+    """
+
+    __slots__ = ("tr", "pre", "suf", "n_pre", "n_suf", "tries")
+
+    def __init__(self, tr: StreamTranslator) -> None:
+        self.tr = tr
+        self.pre = self.suf = b""  # the frame: the event before and after the text
+        self.n_pre = self.n_suf = 0
+        self.tries = _LEARN_TRIES
+
+    def feed(self, events: list[bytes], out: list[bytes]) -> bool:
+        """True once `[DONE]` came ([DONE] and comments are consumed)."""
+        done = False
+        tr = self.tr
+        text_event = tr.text
+        pre, suf, n_pre, n_suf = self.pre, self.suf, self.n_pre, self.n_suf
+        framed = n_pre + n_suf
+        loads = orjson.loads
+        for ev in events:
+            if framed and len(ev) > framed and ev.startswith(pre) and ev.endswith(suf):
+                raw = ev[n_pre : len(ev) - n_suf]
+                if _ESCAPED.search(raw) is None:
+                    try:
+                        text: Any = raw.decode()
+                    except UnicodeDecodeError:
+                        text = None
+                    if text is not None:
+                        event = text_event(text)
+                        if event is not None:
+                            out.append(event)
+                            continue
+            # The relay's events are single `data:` lines: sliced without splitting.
+            single = ev[:6] == b"data: " and b"\n" not in ev
+            if single:
+                data: bytes | None = ev[6:]
+            else:
+                data = event_data(ev)
+                if data is None:
+                    continue
+            if data == b"[DONE]":
+                done = True
+                continue
+            try:
+                doc = loads(data)
+            except orjson.JSONDecodeError:
+                continue
+            if type(doc) is not dict:
+                continue
+            choices = doc.get("choices")
+            if type(choices) is list and len(choices) == 1 and not doc.get("usage"):
+                c = choices[0]
+                if type(c) is dict:
+                    delta = c.get("delta")
+                    if type(delta) is dict:
+                        text = delta.get("content")
+                        if (
+                            type(text) is str
+                            and text
+                            and not c.get("finish_reason")
+                            and not delta.get("tool_calls")
+                            and c.get("index", 0) == 0
+                        ):
+                            if single and self.tries and self._learn(ev, text, doc):
+                                pre, suf, n_pre, n_suf = self.pre, self.suf, self.n_pre, self.n_suf
+                                framed = n_pre + n_suf
+                            event = text_event(text)
+                            if event is not None:
+                                out.append(event)
+                                continue
+            if choices is None and "error" in doc and "choices" not in doc:
+                err = doc["error"]
+                out += tr.error(err if isinstance(err, dict) else {"message": str(err)})
+            else:
+                out += tr.chunk(doc)
+        return done
+
+    def _learn(self, ev: bytes, text: str, doc: dict[str, Any]) -> bool:
+        """Keep the frame of `ev`, a single-line common chunk whose text is `text`, when it is
+        sure: nothing escaped in the event (every quote delimits a string), and the same event
+        with another text parses to the same chunk with that text as its delta."""
+        self.tries -= 1
+        if b"\\" in ev:
+            return False
+        key = b'"content":' + orjson.dumps(text)
+        at = ev.rfind(key)
+        if at < 0:
+            return False
+        start, end = at + 11, at + len(key) - 1  # the text, between its quotes
+        pre, suf = ev[:start], ev[end:]
+        other = _PROBES[text == _PROBES[0]]
         try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            continue
-        if not isinstance(doc, dict):
-            continue
-        if "error" in doc and "choices" not in doc:
-            err = doc["error"]
-            out += tr.error(err if isinstance(err, dict) else {"message": str(err)})
-        else:
-            out += tr.chunk(doc)
-    return done
+            probe = orjson.loads(pre[6:] + other.encode() + suf)
+            delta = probe["choices"][0]["delta"]
+            if delta["content"] != other:
+                return False
+            delta["content"] = text
+        except (orjson.JSONDecodeError, LookupError, TypeError):
+            return False
+        if probe != doc:
+            return False
+        self.pre, self.suf, self.n_pre, self.n_suf = pre, suf, len(pre), len(suf)
+        return True
+
+
+def _bare_events(piece: bytes, splitter: SSESplitter) -> list[bytes]:
+    """The whole events of `piece`, without their blank lines. The relay sends whole events, so
+    a piece that ends one (and nothing is pending) is cut with one `split`, else the splitter
+    takes it (an event across pieces, CRLF line ends)."""
+    if (
+        piece.endswith(b"\n\n")
+        and not piece.endswith(b"\n\n\n")
+        and b"\r" not in piece
+        and not splitter.tail()
+    ):
+        return piece[:-2].split(b"\n\n")
+    return [ev[:-2] for ev in splitter.feed(piece)]
 
 
 async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
@@ -115,20 +229,21 @@ async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
 
 async def _wrap(inner: AsyncIterable[Any], tr: StreamTranslator) -> AsyncIterator[bytes]:
     splitter = SSESplitter()
+    events = ChatEvents(tr)
     try:
         tail: list[bytes] = []
         try:
             finished = False
             async for piece in inner:
-                if not isinstance(piece, bytes):
+                if type(piece) is not bytes:
                     piece = piece.encode() if isinstance(piece, str) else bytes(piece)
                 out: list[bytes] = []
-                if translate_events(splitter.feed(piece), tr, out) and not finished:
+                if events.feed(_bare_events(piece, splitter), out) and not finished:
                     # The closing events leave with the last chunk: one write, not two.
                     finished = True
                     out += await tr.finish()
                 if out:
-                    yield b"".join(out)
+                    yield out[0] if len(out) == 1 else b"".join(out)
             if not finished:
                 tail = await tr.finish()
         except Exception as exc:  # a translation bug: the stream still ends in the API's shape

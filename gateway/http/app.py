@@ -8,7 +8,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -47,7 +47,8 @@ from gateway.observability.metrics_workers import WorkerMetrics
 from gateway.observability.recent import RecentRequests
 from gateway.observability.tracing import Tracing
 from gateway.pipeline.explain import explain_http
-from gateway.pipeline.stack import Pipeline
+from gateway.pipeline.reply import on_finish
+from gateway.pipeline.stack import Pipeline, client_request_id
 from gateway.pipeline.stages.accept import read_body
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
@@ -253,19 +254,49 @@ def create_app(
     async def responses(request: Request) -> Response:
         return await pipeline.handle(request, "chat", inbound["/v1/responses"])
 
+    async def recorded(
+        request: Request, endpoint: str, handle: Callable[[Context], Awaitable[Response]]
+    ) -> Response:
+        """A route outside the pipeline, recorded like a request through it: one access log
+        line and one metrics observation once the answer was sent, however it ended."""
+        ctx = Context(client_request_id(request.headers.get("x-request-id")), time.perf_counter())
+        ctx.endpoint = endpoint
+        try:
+            response = await handle(ctx)
+        except GatewayError as e:
+            response = e.to_response({"x-request-id": ctx.request_id})
+        except Exception as exc:
+            log.exception("unexpected error", exc_info=exc)
+            response = errors.internal_error().to_response({"x-request-id": ctx.request_id})
+        except BaseException:  # cancelled before any answer: still recorded
+            ctx.status = 499
+            pipeline.record(ctx)
+            raise
+        ctx.status = response.status_code
+        response.headers.setdefault("x-request-id", ctx.request_id)
+        on_finish(response, lambda: pipeline.record(ctx))
+        return response
+
+    async def authenticate(ctx: Context, authorization: str | None) -> str:
+        principal = await governance.authenticate(runtime.snapshot, authorization)
+        ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
+        return principal.tenant
+
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> Response:
-        principal = await governance.authenticate(
-            runtime.snapshot, request.headers.get("authorization")
-        )
-        return _json(await responses_api.retrieve(stored, principal.tenant, response_id))
+        async def handle(ctx: Context) -> Response:
+            tenant = await authenticate(ctx, request.headers.get("authorization"))
+            return _json(await responses_api.retrieve(stored, tenant, response_id))
+
+        return await recorded(request, "responses.retrieve", handle)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, request: Request) -> Response:
-        principal = await governance.authenticate(
-            runtime.snapshot, request.headers.get("authorization")
-        )
-        return _json(await responses_api.delete(stored, principal.tenant, response_id))
+        async def handle(ctx: Context) -> Response:
+            tenant = await authenticate(ctx, request.headers.get("authorization"))
+            return _json(await responses_api.delete(stored, tenant, response_id))
+
+        return await recorded(request, "responses.delete", handle)
 
     @app.post("/v1/messages")
     async def messages(request: Request) -> Response:
@@ -274,14 +305,21 @@ def create_app(
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Response:
         exchange = messages_api.MessagesExchange()
-        headers = {"x-gateway-token-count": "estimate (tiktoken)"}
-        try:
-            await governance.authenticate(runtime.snapshot, exchange.authorization(request.headers))
-            raw = await read_body(request, runtime.snapshot.policy.server.max_body_bytes)
-            doc = await messages_api.count_tokens(raw, runtime.snapshot.policy.models)
-            return Response(orjson.dumps(doc), media_type="application/json", headers=headers)
-        except GatewayError as e:
-            return await exchange.respond(e.to_response(headers), Context("", 0.0))
+
+        async def handle(ctx: Context) -> Response:
+            headers = {
+                "x-gateway-token-count": "estimate (tiktoken)",
+                "x-request-id": ctx.request_id,
+            }
+            try:
+                await authenticate(ctx, exchange.authorization(request.headers))
+                raw = await read_body(request, runtime.snapshot.policy.server.max_body_bytes)
+                doc = await messages_api.count_tokens(raw, runtime.snapshot.policy.models)
+                return Response(orjson.dumps(doc), media_type="application/json", headers=headers)
+            except GatewayError as e:
+                return await exchange.respond(e.to_response(headers), ctx)
+
+        return await recorded(request, "messages.count_tokens", handle)
 
     @app.post("/v1/gateway/explain")
     async def explain(request: Request) -> Response:
