@@ -408,6 +408,9 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
+_TEXT_BLOCK = {"type": "text", "text": ""}
+
+
 class MessageStream:
     """chat.completion.chunk payloads in, Anthropic stream events out (choice 0 only)."""
 
@@ -453,11 +456,16 @@ class MessageStream:
         out = self._close()
         self.block, self.block_kind = self.next_block, block["type"]
         self.next_block += 1
-        if self.block_kind == "text":
+        if block is _TEXT_BLOCK:
             self._text_head = (
                 b'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
                 b'"delta":{"type":"text_delta","text":' % self.block
             )
+            out.append(
+                b'event: content_block_start\ndata: {"type":"content_block_start","index":%d,'
+                b'"content_block":{"type":"text","text":""}}\n\n' % self.block
+            )
+            return out
         out.append(
             _event(
                 "content_block_start",
@@ -489,7 +497,7 @@ class MessageStream:
             text = delta.get("content")
             if text and isinstance(text, str):
                 if self._text_head is None:
-                    out += self._open({"type": "text", "text": ""})
+                    out += self._open(_TEXT_BLOCK)
                 event = self.text(text)
                 assert event is not None
                 out.append(event)

@@ -461,6 +461,37 @@ class ResponseEvents:
         out.append(self._ev("response.output_item.added", output_index=index, item=dict(item)))
         return out
 
+    def _open_message(self) -> list[bytes]:
+        """A new message item: its output_item.added and content_part.added events (from
+        templates: the id is hex, the rest constant)."""
+        out = self._close()
+        item_id = _hex_id("msg_")
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        item = message_item(item_id, "", "in_progress")
+        item["content"] = [part]
+        self.open = item
+        self.output.append(item)
+        index = len(self.output) - 1
+        seq = self.seq[0]
+        self.seq[0] = seq + 2
+        ident = item_id.encode()
+        out.append(
+            b'event: response.output_item.added\ndata: {"type":"response.output_item.added",'
+            b'"sequence_number":%d,"output_index":%d,"item":{"id":"%b","type":"message",'
+            b'"status":"in_progress","role":"assistant","content":[]}}\n\n' % (seq, index, ident)
+        )
+        out.append(
+            b'event: response.content_part.added\ndata: {"type":"response.content_part.added",'
+            b'"sequence_number":%d,"item_id":"%b","output_index":%d,"content_index":0,"part":'
+            b'{"type":"output_text","text":"","annotations":[],"logprobs":[]}}\n\n'
+            % (seq + 1, ident, index)
+        )
+        self._text_head = b',"item_id":"%b","output_index":%d,"content_index":0,"delta":' % (
+            ident,
+            index,
+        )
+        return out
+
     def _close(self) -> list[bytes]:
         item, self.open = self.open, None
         if item is None:
@@ -468,24 +499,34 @@ class ResponseEvents:
         self._flush_text(item)
         self._text_head = None
         index = self.output.index(item)
-        out = []
-        if item["type"] == "message":
-            part = item["content"][0]
-            common = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            out.append(
-                self._ev("response.output_text.done", **common, text=part["text"], logprobs=[])
+        if item["type"] == "message":  # made by _open_message: encoded from templates
+            item["status"] = "completed"
+            text = orjson.dumps(item["content"][0]["text"])
+            part = b'{"type":"output_text","text":%b,"annotations":[],"logprobs":[]}' % text
+            ident = item["id"].encode()
+            seq = self.seq[0]
+            self.seq[0] = seq + 3
+            return [
+                b'event: response.output_text.done\ndata: {"type":"response.output_text.done",'
+                b'"sequence_number":%d,"item_id":"%b","output_index":%d,"content_index":0,'
+                b'"text":%b,"logprobs":[]}\n\n' % (seq, ident, index, text),
+                b'event: response.content_part.done\ndata: {"type":"response.content_part.done",'
+                b'"sequence_number":%d,"item_id":"%b","output_index":%d,"content_index":0,'
+                b'"part":%b}\n\n' % (seq + 1, ident, index, part),
+                b'event: response.output_item.done\ndata: {"type":"response.output_item.done",'
+                b'"sequence_number":%d,"output_index":%d,"item":{"id":"%b","type":"message",'
+                b'"status":"completed","role":"assistant","content":[%b]}}\n\n'
+                % (seq + 2, index, ident, part),
+            ]
+        out = [
+            self._ev(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=index,
+                name=item["name"],
+                arguments=item["arguments"],
             )
-            out.append(self._ev("response.content_part.done", **common, part=part))
-        else:
-            out.append(
-                self._ev(
-                    "response.function_call_arguments.done",
-                    item_id=item["id"],
-                    output_index=index,
-                    name=item["name"],
-                    arguments=item["arguments"],
-                )
-            )
+        ]
         item["status"] = "completed"
         out.append(self._ev("response.output_item.done", output_index=index, item=item))
         return out
@@ -517,24 +558,7 @@ class ResponseEvents:
             text = delta.get("content")
             if isinstance(text, str) and text:
                 if self._text_head is None:
-                    item = message_item(_hex_id("msg_"), "", "in_progress")
-                    item["content"] = []
-                    out += self._add(item)
-                    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                    item["content"].append(part)
-                    out.append(
-                        self._ev(
-                            "response.content_part.added",
-                            item_id=item["id"],
-                            output_index=len(self.output) - 1,
-                            content_index=0,
-                            part=dict(part),
-                        )
-                    )
-                    self._text_head = (
-                        b',"item_id":"%s","output_index":%d,"content_index":0,'
-                        b'"delta":' % (item["id"].encode(), len(self.output) - 1)
-                    )
+                    out += self._open_message()
                 event = self.text(text)
                 assert event is not None
                 out.append(event)
