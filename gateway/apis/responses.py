@@ -397,11 +397,9 @@ def assistant_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
     return msg
 
 
-def _event(seq: list[int], kind: str, data: dict[str, Any]) -> bytes:
+def _event(n: int, kind: str, data: dict[str, Any]) -> bytes:
     """`{"type": kind, "sequence_number": n, **data}` as an event (`data` is never empty and
     holds neither key), written without building that dict."""
-    n = seq[0]
-    seq[0] = n + 1
     k = kind.encode()
     return b'event: %b\ndata: {"type":"%b","sequence_number":%d,%b\n\n' % (
         k,
@@ -423,7 +421,7 @@ class ResponseEvents:
 
     def __init__(self, exchange: ResponsesExchange, ctx: Context) -> None:
         self.x, self.ctx = exchange, ctx
-        self.seq = [0]
+        self.seq = 0  # the next event's sequence_number
         self.started = False
         self.ended = False
         self.output: list[dict[str, Any]] = []
@@ -437,15 +435,17 @@ class ResponseEvents:
         self._texts: list[str] = []
 
     def _ev(self, kind: str, **data: Any) -> bytes:
-        return _event(self.seq, kind, data)
+        n = self.seq
+        self.seq = n + 1
+        return _event(n, kind, data)
 
     def _start(self) -> list[bytes]:
         if self.started:
             return []
         self.started = True
         doc = orjson.dumps(self.x.shape.response("in_progress", []))  # encoded once, sent twice
-        seq = self.seq[0]
-        self.seq[0] = seq + 2
+        seq = self.seq
+        self.seq = seq + 2
         return [
             b'event: response.created\ndata: {"type":"response.created","sequence_number":%d,'
             b'"response":%s}\n\n' % (seq, doc),
@@ -472,8 +472,8 @@ class ResponseEvents:
         self.open = item
         self.output.append(item)
         index = len(self.output) - 1
-        seq = self.seq[0]
-        self.seq[0] = seq + 2
+        seq = self.seq
+        self.seq = seq + 2
         ident = item_id.encode()
         out.append(
             b'event: response.output_item.added\ndata: {"type":"response.output_item.added",'
@@ -504,8 +504,8 @@ class ResponseEvents:
             text = orjson.dumps(item["content"][0]["text"])
             part = b'{"type":"output_text","text":%b,"annotations":[],"logprobs":[]}' % text
             ident = item["id"].encode()
-            seq = self.seq[0]
-            self.seq[0] = seq + 3
+            seq = self.seq
+            self.seq = seq + 3
             return [
                 b'event: response.output_text.done\ndata: {"type":"response.output_text.done",'
                 b'"sequence_number":%d,"item_id":"%b","output_index":%d,"content_index":0,'
@@ -543,8 +543,8 @@ class ResponseEvents:
         if head is None:
             return None
         self._texts.append(text)
-        seq = self.seq[0]
-        self.seq[0] = seq + 1
+        seq = self.seq
+        self.seq = seq + 1
         return b"".join((_DELTA_EVENT, b"%d" % seq, head, orjson.dumps(text), _DELTA_END))
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
