@@ -51,6 +51,8 @@ class Context:
     # Kept by reference for the record step (usage, optional body logging); never copied.
     request_body: bytes | None = None
     response_body: bytes | None = None
+    # (prompt, completion) tokens of a unary answer, read once (its usage member).
+    usage: tuple[int | None, int | None] | None = None
     # Spans of this request; None when tracing is off (nothing is created on the hot path).
     trace: RequestSpans | None = None
     # Governance: the admitted request's ticket, the rate-limit headers, the request's cost.

@@ -22,6 +22,7 @@ from gateway.redact import Redactor, provider_secrets
 from gateway.resilience.breaker import BreakerRegistry, CircuitBreaker
 from gateway.routing.balancer import Balancer, BalancerSettings, make_balancer
 from gateway.routing.member import Member
+from gateway.wire.response_model import ModelName, for_alias
 
 log = logging.getLogger("gateway")
 
@@ -66,9 +67,21 @@ class Snapshot:
     by_member: dict[int, ProviderState] = field(default_factory=dict)
     # The providers' secrets, masked wherever they appear in what the gateway relays.
     redactor: Redactor = field(default_factory=Redactor)
+    # Each alias's `model` rewrite of answers, made on first use (it learns the providers' names).
+    answer_models: dict[str, ModelName | None] = field(default_factory=dict)
 
     def provider_of(self, member: Member) -> ProviderState:
         return self.by_member[id(member)]
+
+    def answer_model(self, alias: str) -> ModelName | None:
+        """The `model` rewrite of answers to `alias` (its `response_model` setting)."""
+        try:
+            return self.answer_models[alias]
+        except KeyError:
+            config = self.policy.models.get(alias)
+            rename = for_alias(config.response_model, alias) if config is not None else None
+            self.answer_models[alias] = rename
+            return rename
 
 
 def _client(name: str, cfg: Provider) -> UpstreamClient:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import orjson
-from starlette.datastructures import Headers
 from starlette.responses import Response, StreamingResponse
 
 from gateway.context import Context
@@ -41,7 +40,7 @@ class StreamTranslator(Protocol):
 
 
 class Exchange(Protocol):
-    def authorization(self, headers: Headers) -> str | None: ...
+    def authorization(self, headers: Mapping[str, str]) -> str | None: ...
     async def request(self, raw: bytes, ctx: Context) -> bytes: ...
     async def respond(self, response: Response, ctx: Context) -> Response: ...
 

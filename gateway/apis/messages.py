@@ -11,10 +11,10 @@ citations, cache_control, server tools, top_k) is dropped or refused: see README
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from gateway.apis.exchange import (
@@ -562,7 +562,7 @@ class MessagesExchange:
         self.stream = False
         self.translated = False
 
-    def authorization(self, headers: Headers) -> str | None:
+    def authorization(self, headers: Mapping[str, str]) -> str | None:
         """Anthropic clients send `x-api-key`; a bearer token works too."""
         auth = headers.get("authorization")
         if auth:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
-from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from gateway.apis.exchange import is_stream, rebuild, translate_stream
@@ -628,7 +628,7 @@ class ResponsesExchange:
         self.shape: ResponseShape
         self.history: list[dict[str, Any]] = []  # earlier turns and this turn's input
 
-    def authorization(self, headers: Headers) -> str | None:
+    def authorization(self, headers: Mapping[str, str]) -> str | None:
         return headers.get("authorization")
 
     async def request(self, raw: bytes, ctx: Context) -> bytes:

@@ -31,7 +31,7 @@ from gateway.governance.spend import NANO, SpendLedger, Usage, cost_nano, period
 from gateway.governance.static_keys import bearer_key, hash_key
 from gateway.governance.stats import GovStats
 from gateway.infra.shared_state import SharedState
-from gateway.observability.metrics import content_events, usage_tokens
+from gateway.observability.metrics import content_events, response_usage
 from gateway.wire.sse import encode_event, event_data
 
 if TYPE_CHECKING:
@@ -375,7 +375,7 @@ class GovernanceService:
                 else:
                     prompt, completion = ctx.prompt_tokens, content_events(ctx)
             else:
-                p, c = usage_tokens(ctx.response_body)
+                p, c = response_usage(ctx)
                 prompt = p if p is not None else ctx.prompt_tokens
                 completion = c or 0
             provider = self.runtime.snapshot.providers.get(ctx.provider) if self.runtime else None

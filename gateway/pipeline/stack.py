@@ -165,13 +165,14 @@ class Pipeline:
     ) -> Response:
         """One request of `endpoint`; with `inbound` (gateway.apis), another API's request
         translated to chat on the way in and its answer translated back on the way out."""
-        ctx = Context(client_request_id(request.headers.get("x-request-id")), time.perf_counter())
+        ctx = Context("", time.perf_counter())
         exchange = None
         if inbound is not None:
             ctx.endpoint, exchange = inbound.name, inbound.begin()
         else:
             ctx.endpoint = endpoint
         call = Call(ctx, self.runtime.snapshot, endpoint, request, exchange)
+        ctx.request_id = client_request_id(call.headers.get("x-request-id"))
         return await self._fronts[exchange is not None](call)
 
     async def replay_send(self, entry: ReplayEntry) -> tuple[int, bytes]:

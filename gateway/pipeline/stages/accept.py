@@ -13,8 +13,9 @@ from gateway.pipeline.stage import Next
 from gateway.wire.request import parse_request
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+async def read_body(request: Request, limit: int, declared: str | None = None) -> bytes:
+    if declared is None:
+        declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise errors.too_large(limit)
     chunks: list[bytes] = []
@@ -42,7 +43,8 @@ class Accept:
     async def __call__(self, call: Call, next: Next) -> Response:
         ctx, server = call.ctx, call.snap.policy.server
         if call.request is not None:  # a replay brings its body
-            call.raw = await read_body(call.request, server.max_body_bytes)
+            declared = call.headers.get("content-length")
+            call.raw = await read_body(call.request, server.max_body_bytes, declared)
             ctx.request_body = call.raw
         raw = call.raw
         if call.exchange is not None:

@@ -27,7 +27,7 @@ from gateway.pipeline.client_errors import (
     exhausted,
     passthrough_error,
 )
-from gateway.pipeline.relay import RelayResponse, StreamRelay, answer_model
+from gateway.pipeline.relay import RelayResponse, StreamRelay
 from gateway.pipeline.router import Router
 from gateway.pipeline.stage import Next
 from gateway.providers.upstream import UpstreamFailure, UpstreamResponse, UpstreamStream
@@ -115,7 +115,7 @@ class Failover:
     ) -> tuple[bytes, dict[str, str]]:
         """The first successful answer's body and headers; raises GatewayError or PassThrough."""
         self.retrier(snap).record_request()
-        rename = answer_model(snap, acc)
+        rename = snap.answer_model(acc.model)
         endpoint = acc.endpoint
 
         async def send(m: ProviderState) -> tuple[UpstreamResponse, dict[str, Any]]:
@@ -145,6 +145,10 @@ class Failover:
         out = completion_tokens(doc) if signal == "per_token" else None
         attempt.succeed(latency_signal(signal, None, attempt.elapsed_s, out))
         ctx.response_body = resp.body
+        usage = doc.get("usage")
+        if isinstance(usage, dict):  # read here, where the answer is parsed anyway
+            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            ctx.usage = (p if type(p) is int else None, c if type(c) is int else None)
         return resp.body, resp.headers
 
     # -- streams --------------------------------------------------------------------------------
