@@ -175,6 +175,9 @@ async def explain_http(request: Request, pipeline: Pipeline) -> Response:
             ctx.tenant,
             call.headers.get("cache-control"),
         )
+        # The stages a request to this alias runs after Accept (the policy chooses them).
+        stages = pipeline.alias_stages(call.snap, call.acc.model)
+        out["stages"] = [s.name for s in stages] + [pipeline.dispatcher.name]
         return Response(orjson.dumps(out), media_type="application/json")
 
     return await pipeline.explain_stack(dry_run)(call)

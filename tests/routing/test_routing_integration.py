@@ -166,6 +166,8 @@ def test_explain_shows_decision_pick_and_live_state(gw, fleet) -> None:
     assert 5 < doc["prompt_tokens"] < 30 and doc["expected_output_tokens"] == 8
     assert doc["tenant"] == "team-a"
     assert doc["cache"]["exact"]["cacheable"] is True
+    assert doc["stages"][0] == "classify" and doc["stages"][-1] == "failover"
+    assert ("cache" in doc["stages"]) is True  # the alias caches: its stack has the Cache stage
     assert doc["pick"]["pool"] == "low-latency" and doc["pick"]["provider"] in ("a", "b")
     assert doc["pick"]["via"] == "balancer"
     low = {m["name"]: m for m in doc["members"]["low-latency"]}
