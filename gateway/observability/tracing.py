@@ -239,7 +239,7 @@ class Tracing:
         """End the request's spans (the Trace stage, once the answer has ended)."""
         trace, ctx.trace = ctx.trace, None
         if trace is not None:
-            trace.end(ctx)
+            cast(RequestTrace, trace).end(ctx)
 
     def shutdown(self) -> None:
         """Flush queued spans (at process end)."""

@@ -56,7 +56,7 @@ class Attempt:
         tb: TracebackType | None,
     ) -> bool:
         out = self.exit(exc)
-        if out is not exc:
+        if out is not None and out is not exc:
             raise out from None  # an unexpected exception, as this attempt's failure
         return False
 

@@ -168,15 +168,17 @@ class StreamRelay:
                     if rename is not None:
                         ev = rename(ev)
                     if continuation:
-                        ev = self._splice(ev)
-                        if ev is None:
+                        spliced = self._splice(ev)
+                        if spliced is None:
                             continue
+                        ev = spliced
                     if self.assembler is not None:
                         self.assembler.feed_event(ev)
                     if watch is not None:
-                        ev = watch.stream_event(ev)  # usage for limits and spend
-                        if ev is None:
+                        kept = watch.stream_event(ev)  # usage for limits and spend
+                        if kept is None:
                             continue
+                        ev = kept
                     out.append(ev)
                 if not out:
                     continue

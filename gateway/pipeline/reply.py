@@ -90,10 +90,13 @@ def on_finish(response: Response, fn: Finish) -> None:
         response.on_finish(fn)
         return
     bg = response.background
-    if bg is None or not isinstance(bg.func, _Hooks):
-        hooks = _Hooks(bg)
-        response.background = bg = BackgroundTask(hooks)
-    bg.func.hooks.append(fn)
+    current = bg.func if bg is not None else None
+    if isinstance(current, _Hooks):
+        current.hooks.append(fn)
+        return
+    hooks = _Hooks(bg)
+    response.background = BackgroundTask(hooks)
+    hooks.hooks.append(fn)
 
 
 def finish_now(response: Response) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.datastructures import Headers
 from starlette.responses import Response
 
 from gateway.cache.exact import Store, cacheable, exact_key
@@ -128,7 +128,7 @@ class Cache:
         return response
 
     def plan(
-        self, acc: ParsedRequest, alias: Alias, ctx: Context, headers: Headers
+        self, acc: ParsedRequest, alias: Alias, ctx: Context, headers: Mapping[str, str]
     ) -> CachePlan | None:
         cc = headers.get("cache-control", "").lower()
         if "no-store" in cc:
