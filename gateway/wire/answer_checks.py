@@ -178,7 +178,7 @@ class StreamCheck:
             return ev
         if b'"error"' in ev and _ERROR_EVENT.search(ev):
             raise InvalidAnswer("the provider sent an error event")
-        if not ev.rstrip().endswith(b"}"):
+        if not ev.endswith(b"}\n\n") and not ev.rstrip().endswith(b"}"):
             # A chunk is a JSON object: a data event that does not end like one holds cut JSON,
             # which no client can parse (a byte check, no parse; comment-only events pass).
             m = _DATA.search(ev)

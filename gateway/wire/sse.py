@@ -49,6 +49,8 @@ class SSESplitter:
 
 def event_data(event: bytes) -> bytes | None:
     """The payload of an event's `data:` line(s), or None for comments/keep-alives."""
+    if event.startswith(b"data: ") and event.find(b"\n") == len(event) - 2:
+        return event[6:-2].lstrip()  # one `data: ` line, the usual event: no split
     parts = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
     if not parts:
         return None
