@@ -34,6 +34,11 @@ class StreamTranslator(Protocol):
         `chunk` would act on), or None when `chunk` must take it (e.g. no text block open)."""
         ...
 
+    def text_json(self, raw: bytes) -> bytes | None:
+        """`text` for the text as JSON writes it, without its quotes (valid UTF-8, nothing
+        escaped): the event is written around these bytes, the text is never decoded."""
+        ...
+
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]: ...
     def error(self, error: dict[str, Any]) -> list[bytes]: ...
     async def finish(self) -> list[bytes]: ...
@@ -93,6 +98,14 @@ _PROBES = ("zq", "qz")  # another text than the chunk's
 _LEARN_TRIES = 3
 
 
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 class ChatEvents:
     """One stream's chat events (bare: without their blank line) through a translator.
 
@@ -118,19 +131,18 @@ class ChatEvents:
         pre, suf, n_pre, n_suf = self.pre, self.suf, self.n_pre, self.n_suf
         framed = n_pre + n_suf
         loads = orjson.loads
+        text_json = tr.text_json
+        escaped = _ESCAPED.search
         for ev in events:
-            if framed and len(ev) > framed and ev.startswith(pre) and ev.endswith(suf):
+            if framed and ev.startswith(pre) and ev.endswith(suf) and len(ev) > framed:
+                # The text's bytes are its JSON as they stand: passed on without decoding when
+                # nothing in them is escaped and they are valid UTF-8 (what a parse would check).
                 raw = ev[n_pre : len(ev) - n_suf]
-                if _ESCAPED.search(raw) is None:
-                    try:
-                        text: Any = raw.decode()
-                    except UnicodeDecodeError:
-                        text = None
-                    if text is not None:
-                        event = text_event(text)
-                        if event is not None:
-                            out.append(event)
-                            continue
+                if escaped(raw) is None and (raw.isascii() or _utf8(raw)):
+                    event = text_json(raw)
+                    if event is not None:
+                        out.append(event)
+                        continue
             # The relay's events are single `data:` lines: sliced without splitting.
             single = ev[:6] == b"data: " and b"\n" not in ev
             if single:
@@ -154,7 +166,7 @@ class ChatEvents:
                 if type(c) is dict:
                     delta = c.get("delta")
                     if type(delta) is dict:
-                        text = delta.get("content")
+                        text: Any = delta.get("content")
                         if (
                             type(text) is str
                             and text
@@ -221,7 +233,15 @@ def _bare_events(piece: bytes, splitter: SSESplitter) -> list[bytes]:
 async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
     """A whole SSE body (a cached or degraded answer replayed as a stream)."""
     out: list[bytes] = []
-    translate_events(SSESplitter().feed(body + b"\n\n"), tr, out)
+    # A body that ends its last event is cut like a relay's piece; else the splitter takes it
+    # (with a blank line added: a last event without one still counts).
+    splitter = SSESplitter()
+    if body.endswith(b"\n\n"):
+        events = _bare_events(body, splitter)
+        events += [ev[:-2] for ev in splitter.feed(b"\n\n")]
+    else:
+        events = [ev[:-2] for ev in splitter.feed(body + b"\n\n")]
+    ChatEvents(tr).feed(events, out)
     out += await tr.finish()
     return b"".join(out)
 

@@ -325,6 +325,49 @@ class ResponseShape:
             if isinstance(req.get(name), str):
                 self.echo[name] = req[name]
 
+    @staticmethod
+    def ending(status: str, finish: str | None) -> tuple[str, dict[str, str] | None]:
+        """The response's status and incomplete_details for the answer's finish reason."""
+        if finish == "length":
+            return "incomplete", {"reason": "max_output_tokens"}
+        if finish == "content_filter":
+            return "incomplete", {"reason": "content_filter"}
+        return status, None
+
+    def learn(self, in_progress: bytes) -> None:
+        """Keep the pieces of this response's JSON that do not change (from the in-progress
+        response as encoded: `output` is empty): what is before `status`, the model, and the
+        echoed request fields after `output`. No string holds `,"` unescaped, so the first
+        `,"model":` and `,"output":[]` are the keys."""
+        at = in_progress.index(_OUTPUT_EMPTY)
+        self._head = in_progress[: in_progress.index(b'"status":')]
+        self._model = in_progress[in_progress.index(b',"model":') : at]
+        self._echo = in_progress[at + len(_OUTPUT_EMPTY) : -1]
+
+    def encoded(
+        self,
+        status: str,
+        incomplete: dict[str, str] | None,
+        items: bytes,
+        usage: dict[str, Any] | None,
+    ) -> bytes:
+        """`orjson.dumps(self.response(...))` for a finished response whose output items are
+        `items` (their JSON, comma-separated), written from the pieces `learn` kept."""
+        usage_json = b',"usage":%b' % orjson.dumps(usage) if usage is not None else b""
+        return (
+            b'%b"status":"%b","error":null,"incomplete_details":%b%b,"output":[%b]%b%b,"completed_at":%d}'
+            % (
+                self._head,
+                status.encode(),
+                orjson.dumps(incomplete),
+                self._model,
+                items,
+                self._echo,
+                usage_json,
+                int(time.time()),
+            )
+        )
+
     def response(
         self,
         status: str,
@@ -332,11 +375,7 @@ class ResponseShape:
         usage: dict[str, Any] | None = None,
         finish: str | None = None,
     ) -> dict[str, Any]:
-        incomplete = None
-        if finish == "length":
-            status, incomplete = "incomplete", {"reason": "max_output_tokens"}
-        elif finish == "content_filter":
-            status, incomplete = "incomplete", {"reason": "content_filter"}
+        status, incomplete = self.ending(status, finish)
         doc: dict[str, Any] = {
             "id": self.id,
             "object": "response",
@@ -411,9 +450,10 @@ def _event(n: int, kind: str, data: dict[str, Any]) -> bytes:
 
 _DELTA_EVENT = (
     b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
-    b'"sequence_number":'
+    b'"sequence_number":%d'
 )
-_DELTA_END = b',"logprobs":[]}\n\n'
+_DELTA_END = b'"%b","logprobs":[]}\n\n'
+_OUTPUT_EMPTY = b',"output":[]'
 
 
 class ResponseEvents:
@@ -429,10 +469,12 @@ class ResponseEvents:
         self.tools: dict[int, dict[str, Any]] = {}  # chat tool_call index -> item
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
-        # The open message's text delta event from `item_id` to the text, and its text so far
-        # (joined into the item when it closes).
-        self._text_head: bytes | None = None
-        self._texts: list[str] = []
+        # The open message's text delta event as a format (sequence number, text as JSON
+        # without quotes), and its text so far as JSON (joined into the item when it closes).
+        self._delta: bytes | None = None
+        self._texts: list[bytes] = []
+        # Each output item as JSON once it is done (the completed response is written from them).
+        self._done: dict[int, bytes] = {}
 
     def _ev(self, kind: str, **data: Any) -> bytes:
         n = self.seq
@@ -444,6 +486,7 @@ class ResponseEvents:
             return []
         self.started = True
         doc = orjson.dumps(self.x.shape.response("in_progress", []))  # encoded once, sent twice
+        self.x.shape.learn(doc)
         seq = self.seq
         self.seq = seq + 2
         return [
@@ -486,22 +529,26 @@ class ResponseEvents:
             b'{"type":"output_text","text":"","annotations":[],"logprobs":[]}}\n\n'
             % (seq + 1, ident, index)
         )
-        self._text_head = b',"item_id":"%b","output_index":%d,"content_index":0,"delta":' % (
-            ident,
-            index,
-        )
+        head = b',"item_id":"%b","output_index":%d,"content_index":0,"delta":' % (ident, index)
+        self._delta = _DELTA_EVENT + head.replace(b"%", b"%%") + _DELTA_END
         return out
 
     def _close(self) -> list[bytes]:
         item, self.open = self.open, None
         if item is None:
             return []
-        self._flush_text(item)
-        self._text_head = None
+        self._delta = None
         index = self.output.index(item)
         if item["type"] == "message":  # made by _open_message: encoded from templates
             item["status"] = "completed"
-            text = orjson.dumps(item["content"][0]["text"])
+            part0 = item["content"][0]
+            if part0["text"]:  # text flushed before (an error): encoded again
+                self._flush_text(item)
+                text = orjson.dumps(part0["text"])
+            else:  # the deltas' JSON joined is the text's JSON
+                text = b'"%b"' % b"".join(self._texts)
+                self._texts = []
+                part0["text"] = orjson.loads(text)
             part = b'{"type":"output_text","text":%b,"annotations":[],"logprobs":[]}' % text
             ident = item["id"].encode()
             seq = self.seq
@@ -518,6 +565,10 @@ class ResponseEvents:
                 b'"status":"completed","role":"assistant","content":[%b]}}\n\n'
                 % (seq + 2, index, ident, part),
             ]
+            self._done[index] = (
+                b'{"id":"%b","type":"message","status":"completed","role":"assistant",'
+                b'"content":[%b]}' % (ident, part)
+            )
         out = [
             self._ev(
                 "response.function_call_arguments.done",
@@ -534,18 +585,28 @@ class ResponseEvents:
     def _flush_text(self, item: dict[str, Any]) -> None:
         """The open message's text so far into its item (before the item is sent)."""
         if self._texts:
-            item["content"][0]["text"] += "".join(self._texts)
+            item["content"][0]["text"] += orjson.loads(b'"%b"' % b"".join(self._texts))
             self._texts = []
 
     def text(self, text: str) -> bytes | None:
-        # The most frequent event, encoded from a template (a third of the cost of a dict).
-        head = self._text_head
-        if head is None:
-            return None
-        self._texts.append(text)
+        return self.text_json(orjson.dumps(text)[1:-1])
+
+    def _first_text(self, raw: bytes) -> bytes:
+        """A common chunk's event when no message is open: what `chunk` sends for it."""
+        out = self._start() if not self.started else []
+        out += self._open_message()
+        out.append(self.text_json(raw) or b"")
+        return b"".join(out)
+
+    def text_json(self, raw: bytes) -> bytes | None:
+        # The most frequent event, written from the open message's format.
+        fmt = self._delta
+        if fmt is None:
+            return self._first_text(raw)
+        self._texts.append(raw)
         seq = self.seq
         self.seq = seq + 1
-        return b"".join((_DELTA_EVENT, b"%d" % seq, head, orjson.dumps(text), _DELTA_END))
+        return fmt % (seq, raw)
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
         out = self._start() if not self.started else []
@@ -557,11 +618,9 @@ class ResponseEvents:
             delta = c.get("delta") or {}
             text = delta.get("content")
             if isinstance(text, str) and text:
-                if self._text_head is None:
+                if self._delta is None:
                     out += self._open_message()
-                event = self.text(text)
-                assert event is not None
-                out.append(event)
+                out.append(self.text_json(orjson.dumps(text)[1:-1]))
             for tc in delta.get("tool_calls") or []:
                 out += self._tool(tc)
             if c.get("finish_reason"):
@@ -614,10 +673,20 @@ class ResponseEvents:
             # An empty answer is still one (empty) message, as for a unary answer.
             item = message_item(_hex_id("msg_"), "")
             self.output.append(item)
-        doc = self.x.shape.response("completed", self.output, self.usage, self.finish_reason)
-        await self.x.save(doc, self.ctx)  # before the client hears "completed": it may chain now
-        kind = "response.incomplete" if doc["status"] == "incomplete" else "response.completed"
-        out.append(self._ev(kind, response=doc))
+        shape = self.x.shape
+        status, incomplete = shape.ending("completed", self.finish_reason)
+        done = self._done
+        items = b",".join([done.get(i) or orjson.dumps(item) for i, item in enumerate(self.output)])
+        doc = shape.encoded(status, incomplete, items, self.usage)
+        # Stored before the client hears "completed": it may chain from it at once.
+        await self.x.save_encoded(shape.id, doc, self.output, self.ctx)
+        kind = b"response.incomplete" if status == "incomplete" else b"response.completed"
+        seq = self.seq
+        self.seq = seq + 1
+        out.append(
+            b'event: %b\ndata: {"type":"%b","sequence_number":%d,"response":%b}\n\n'
+            % (kind, kind, seq, doc)
+        )
         return out
 
 
@@ -660,6 +729,16 @@ class ResponsesExchange:
         messages = [*self.history, assistant_turn(doc["output"])]
         record = {"tenant": ctx.tenant, "response": doc, "messages": messages}
         await self.store.put(ctx.tenant, doc["id"], record)
+
+    async def save_encoded(
+        self, response_id: str, doc: bytes, output: list[dict[str, Any]], ctx: Context
+    ) -> None:
+        """`save` for a response already encoded (a stream's): stored as it was sent."""
+        if not self.shape.store:
+            return
+        messages = [*self.history, assistant_turn(output)]
+        record = {"tenant": ctx.tenant, "response": orjson.Fragment(doc), "messages": messages}
+        await self.store.put(ctx.tenant, response_id, record)
 
     async def respond(self, response: Response, ctx: Context) -> Response:
         status = response.status_code

@@ -196,3 +196,42 @@ def test_the_shortcuts_send_what_parsing_every_chunk_sends(
 
 def _no_clock(body: bytes) -> bytes:
     return re.sub(rb'"completed_at":\d+', b'"completed_at":0', body)
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        {"model": "m", "input": "hi"},
+        {
+            "model": 'm"o\\del,"output":[]',
+            "input": "hi",
+            "instructions": 'say "x",\n',
+            "metadata": {"status": "x", "output": []},
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+            "user": "u",
+            "safety_identifier": "s",
+            "temperature": 0.5,
+            "text": {"format": {"type": "json_object"}},
+            "store": False,
+        },
+    ],
+)
+@pytest.mark.parametrize("finish", [None, "stop", "length", "content_filter"])
+@pytest.mark.parametrize("usage", [None, {"prompt_tokens": 3, "completion_tokens": 2}])
+def test_the_completed_response_written_from_pieces_is_its_json(
+    req: dict[str, Any], finish: str | None, usage: dict[str, Any] | None
+) -> None:
+    """A stream's closing response, written around the in-progress response's bytes, is the
+    JSON of the response object (clock apart)."""
+    shape = responses.ResponseShape(req, "resp_1", req["model"])
+    shape.learn(orjson.dumps(shape.response("in_progress", [])))
+    output = [
+        responses.message_item("msg_1", 'a "b"\n'),
+        responses.call_item("fc_1", "call_1", "f", "{}", "completed"),
+    ]
+    items = b",".join(orjson.dumps(item) for item in output)
+    use = responses.usage_of(usage)
+    status, incomplete = shape.ending("completed", finish)
+    got = shape.encoded(status, incomplete, items, use)
+    want = orjson.dumps(shape.response("completed", output, use, finish))
+    assert _no_clock(got) == _no_clock(want)
