@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from itertools import repeat
 from typing import Any, Protocol
 
 import orjson
@@ -37,6 +38,11 @@ class StreamTranslator(Protocol):
     def text_json(self, raw: bytes) -> bytes | None:
         """`text` for the text as JSON writes it, without its quotes (valid UTF-8, nothing
         escaped): the event is written around these bytes, the text is never decoded."""
+        ...
+
+    def texts_json(self, raws: list[bytes]) -> bytes | None:
+        """The events of consecutive common chunks (`text_json` of each, in order, joined), or
+        None when each must go to `text_json`."""
         ...
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]: ...
@@ -115,13 +121,67 @@ class ChatEvents:
     another text, so its text is sliced out without parsing it.
     """
 
-    __slots__ = ("tr", "pre", "suf", "n_pre", "n_suf", "tries")
+    __slots__ = ("tr", "pre", "suf", "n_pre", "n_suf", "tries", "end")
 
     def __init__(self, tr: StreamTranslator) -> None:
         self.tr = tr
         self.pre = self.suf = b""  # the frame: the event before and after the text
         self.n_pre = self.n_suf = 0
         self.tries = _LEARN_TRIES
+        self.end = b""  # the frame's suffix and the blank line: where a framed event ends
+
+    def feed_piece(self, piece: bytes, out: list[bytes]) -> bool:
+        """`feed` for whole events as they came (each ending in its blank line, no CR). A run of
+        events that all have the learned frame is cut with one `split` at the frame's end and
+        handed to the translator at once; the events around it go through `feed`."""
+        end = self.end
+        if not end:
+            events = piece[:-2].split(b"\n\n")
+            if not self.tries:
+                return self.feed(events, out)
+            # One by one until the frame is learned, then the rest as a piece.
+            done = False
+            for i, ev in enumerate(events):
+                done = self.feed([ev], out) or done
+                if self.end:
+                    if i + 1 < len(events):
+                        rest = b"\n\n".join(events[i + 1 :]) + b"\n\n"
+                        done = self.feed_piece(rest, out) or done
+                    break
+            return done
+        # Each part but the last ends where an event with the frame's suffix ends: when each
+        # is one event that starts with the frame's prefix and holds an escape-free text (no
+        # line end: not several events), they are a run of framed events.
+        parts = piece.split(end)
+        if len(parts) < 3:
+            return self.feed(piece[:-2].split(b"\n\n"), out)
+        rest = parts.pop()  # the events after the run (each with its blank line)
+        first = parts[0]
+        cut = first.rfind(b"\n\n") + 2  # where the run starts in the first part
+        if cut > 1:
+            parts[0] = first[cut:]
+        else:
+            cut = 0
+        pre, n_pre = self.pre, self.n_pre
+        if all(map(bytes.startswith, parts, repeat(pre))):
+            texts = [p[n_pre:] for p in parts]
+            joined = b"".join(texts)
+            if (
+                b"" not in texts
+                and _ESCAPED.search(joined) is None
+                and (joined.isascii() or all(map(_utf8, texts)))
+            ):
+                done = self.feed(first[: cut - 2].split(b"\n\n"), out) if cut else False
+                written = self.tr.texts_json(texts)
+                if written is None:
+                    suf = self.suf
+                    done = self.feed([p + suf for p in parts], out) or done
+                else:
+                    out.append(written)
+                if rest:
+                    done = self.feed(rest[:-2].split(b"\n\n"), out) or done
+                return done
+        return self.feed(piece[:-2].split(b"\n\n"), out)
 
     def feed(self, events: list[bytes], out: list[bytes]) -> bool:
         """True once `[DONE]` came ([DONE] and comments are consumed)."""
@@ -145,12 +205,9 @@ class ChatEvents:
                         continue
             # The relay's events are single `data:` lines: sliced without splitting.
             single = ev[:6] == b"data: " and b"\n" not in ev
-            if single:
-                data: bytes | None = ev[6:]
-            else:
-                data = event_data(ev)
-                if data is None:
-                    continue
+            data = ev[6:] if single else event_data(ev)
+            if data is None:
+                continue
             if data == b"[DONE]":
                 done = True
                 continue
@@ -213,21 +270,22 @@ class ChatEvents:
         if probe != doc:
             return False
         self.pre, self.suf, self.n_pre, self.n_suf = pre, suf, len(pre), len(suf)
+        self.end = suf + b"\n\n"
         return True
 
 
-def _bare_events(piece: bytes, splitter: SSESplitter) -> list[bytes]:
-    """The whole events of `piece`, without their blank lines. The relay sends whole events, so
-    a piece that ends one (and nothing is pending) is cut with one `split`, else the splitter
-    takes it (an event across pieces, CRLF line ends)."""
+def _feed(piece: bytes, splitter: SSESplitter, events: ChatEvents, out: list[bytes]) -> bool:
+    """`piece`'s whole events through `events`. The relay sends whole events, so a piece that
+    ends one (and nothing is pending) is cut without the splitter, else the splitter takes it
+    (an event across pieces, CRLF line ends)."""
     if (
         piece.endswith(b"\n\n")
         and not piece.endswith(b"\n\n\n")
         and b"\r" not in piece
         and not splitter.tail()
     ):
-        return piece[:-2].split(b"\n\n")
-    return [ev[:-2] for ev in splitter.feed(piece)]
+        return events.feed_piece(piece, out)
+    return events.feed([ev[:-2] for ev in splitter.feed(piece)], out)
 
 
 async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
@@ -235,13 +293,12 @@ async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
     out: list[bytes] = []
     # A body that ends its last event is cut like a relay's piece; else the splitter takes it
     # (with a blank line added: a last event without one still counts).
-    splitter = SSESplitter()
+    splitter, events = SSESplitter(), ChatEvents(tr)
     if body.endswith(b"\n\n"):
-        events = _bare_events(body, splitter)
-        events += [ev[:-2] for ev in splitter.feed(b"\n\n")]
+        _feed(body, splitter, events, out)
+        events.feed([ev[:-2] for ev in splitter.feed(b"\n\n")], out)
     else:
-        events = [ev[:-2] for ev in splitter.feed(body + b"\n\n")]
-    ChatEvents(tr).feed(events, out)
+        events.feed([ev[:-2] for ev in splitter.feed(body + b"\n\n")], out)
     out += await tr.finish()
     return b"".join(out)
 
@@ -257,7 +314,7 @@ async def _wrap(inner: AsyncIterable[Any], tr: StreamTranslator) -> AsyncIterato
                 if type(piece) is not bytes:
                     piece = piece.encode() if isinstance(piece, str) else bytes(piece)
                 out: list[bytes] = []
-                if events.feed(_bare_events(piece, splitter), out) and not finished:
+                if _feed(piece, splitter, events, out) and not finished:
                     # The closing events leave with the last chunk: one write, not two.
                     finished = True
                     out += await tr.finish()

@@ -488,9 +488,17 @@ class MessageStream:
         if head is None:  # what `chunk` sends for it: the message and a text block opened
             out = self._start() if not self.started else []
             out += self._open(_TEXT_BLOCK)
-            out.append(b'%b"%b"}}\n\n' % (self._text_head, raw))
+            head = self._text_head
+            assert head is not None
+            out.append(b'%b"%b"}}\n\n' % (head, raw))
             return b"".join(out)
         return b'%b"%b"}}\n\n' % (head, raw)
+
+    def texts_json(self, raws: list[bytes]) -> bytes | None:
+        head = self._text_head
+        if head is None:
+            return None
+        return b'%b"%b"}}\n\n' % (head, (b'"}}\n\n%b"' % head).join(raws))
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
         out = self._start() if not self.started else []
@@ -504,7 +512,9 @@ class MessageStream:
             if text and isinstance(text, str):
                 if self._text_head is None:
                     out += self._open(_TEXT_BLOCK)
-                out.append(b"%b%b}}\n\n" % (self._text_head, orjson.dumps(text)))
+                event = self.text_json(orjson.dumps(text)[1:-1])
+                assert event is not None
+                out.append(event)
             for tc in delta.get("tool_calls") or []:
                 out += self._tool_delta(tc)
             if c.get("finish_reason"):

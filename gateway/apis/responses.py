@@ -591,6 +591,15 @@ class ResponseEvents:
     def text(self, text: str) -> bytes | None:
         return self.text_json(orjson.dumps(text)[1:-1])
 
+    def texts_json(self, raws: list[bytes]) -> bytes | None:
+        fmt = self._delta
+        if fmt is None:
+            return None
+        self._texts += raws
+        seq = self.seq
+        self.seq = seq + len(raws)
+        return b"".join(map(fmt.__mod__, zip(range(seq, seq + len(raws)), raws, strict=True)))
+
     def _first_text(self, raw: bytes) -> bytes:
         """A common chunk's event when no message is open: what `chunk` sends for it."""
         out = self._start() if not self.started else []
@@ -620,7 +629,9 @@ class ResponseEvents:
             if isinstance(text, str) and text:
                 if self._delta is None:
                     out += self._open_message()
-                out.append(self.text_json(orjson.dumps(text)[1:-1]))
+                event = self.text_json(orjson.dumps(text)[1:-1])
+                assert event is not None
+                out.append(event)
             for tc in delta.get("tool_calls") or []:
                 out += self._tool(tc)
             if c.get("finish_reason"):
