@@ -306,6 +306,7 @@ async def translate_body(body: bytes, tr: StreamTranslator) -> bytes:
 async def _wrap(inner: AsyncIterable[Any], tr: StreamTranslator) -> AsyncIterator[bytes]:
     splitter = SSESplitter()
     events = ChatEvents(tr)
+    feed = events.feed
     try:
         tail: list[bytes] = []
         try:
@@ -314,7 +315,12 @@ async def _wrap(inner: AsyncIterable[Any], tr: StreamTranslator) -> AsyncIterato
                 if type(piece) is not bytes:
                     piece = piece.encode() if isinstance(piece, str) else bytes(piece)
                 out: list[bytes] = []
-                if _feed(piece, splitter, events, out) and not finished:
+                at = piece.find(b"\n\n")
+                if at == len(piece) - 2 and b"\r" not in piece and not splitter.tail():
+                    done = feed([piece[:at]], out)  # one whole event: the common piece
+                else:
+                    done = _feed(piece, splitter, events, out)
+                if done and not finished:
                     # The closing events leave with the last chunk: one write, not two.
                     finished = True
                     out += await tr.finish()
