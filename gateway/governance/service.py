@@ -76,6 +76,13 @@ class Ticket:
     fair_pool: str | None = None  # counted in this pool's fair share
     near_budget: bool = False  # budgeted: its spend is written at once, not at the next interval
 
+    def take_usage(self, usage: object) -> None:
+        """The usage member of a stream's chunk (or of its assembled answer)."""
+        if isinstance(usage, dict):
+            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(p, int) and isinstance(c, int):
+                self.usage = (p, c)
+
     def stream_event(self, ev: bytes) -> bytes | None:
         """Take the usage from a stream; hide it when the client did not ask for it."""
         if b'"usage"' not in ev:
@@ -93,11 +100,7 @@ class Ticket:
             chunk = orjson.loads(data)
         except orjson.JSONDecodeError:
             return ev
-        usage = chunk.get("usage") if isinstance(chunk, dict) else None
-        if isinstance(usage, dict):
-            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(p, int) and isinstance(c, int):
-                self.usage = (p, c)
+        self.take_usage(chunk.get("usage") if isinstance(chunk, dict) else None)
         if not self.hide_usage:
             return ev
         if not chunk.get("choices"):

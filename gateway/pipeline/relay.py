@@ -155,6 +155,13 @@ class StreamRelay:
         continuation = self.resumed_from is not None
         gov = self.ctx.governance
         watch = gov if gov is not None and gov.watch_stream else None
+        # A stream whose client asked for usage, assembled anyway (cache, resume): its usage is
+        # read once from the assembled answer at the end instead of event by event.
+        usage_at_end = (
+            watch if watch is not None and not watch.hide_usage and self.assembler else None
+        )
+        if usage_at_end is not None:
+            watch = None
         rename = self.rename
         try:
             chunks = _prepend(stream.first, stream.chunks())
@@ -194,6 +201,8 @@ class StreamRelay:
                 if self.assembler is not None:
                     self.assembler.feed_event(DONE)
                 yield DONE
+            if usage_at_end is not None and self.assembler is not None:
+                usage_at_end.take_usage(self.assembler.usage)
             attempt.succeed(latency_signal(signal, stream.ttft_s, attempt.elapsed_s, events))
         except (InvalidAnswer, EventTooLarge) as e:
             f = UpstreamFailure("bad_response", str(e))
