@@ -158,7 +158,9 @@ class StreamRelay:
         # A stream whose client asked for usage, assembled anyway (cache, resume): its usage is
         # read once from the assembled answer at the end instead of event by event.
         usage_at_end = (
-            watch if watch is not None and not watch.hide_usage and self.assembler else None
+            watch
+            if watch is not None and not watch.hide_usage and self.assembler is not None
+            else None
         )
         if usage_at_end is not None:
             watch = None
