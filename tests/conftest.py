@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,7 +12,7 @@ import pytest
 import redis
 
 from loadtests.simulator.testing import Fleet, run_fleet
-from tests.support import GatewayServer
+from tests.support import AccessLines, GatewayServer
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/3")
 
@@ -170,3 +171,16 @@ def capture_upstream() -> Iterator[CaptureUpstream]:
     yield cap
     server.should_exit = True
     t.join(5)
+
+
+@pytest.fixture
+def access_log() -> Iterator[AccessLines]:
+    """The access log's lines, as JSON objects, while the test runs."""
+    handler = AccessLines()
+    logger = logging.getLogger("gateway.access")
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)

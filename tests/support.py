@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import shutil
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx
 import jsonschema
+import orjson
 import pytest
 import uvicorn
 import yaml
@@ -347,3 +349,25 @@ class RedisProcess:
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+class AccessLines(logging.Handler):
+    """The access log's lines, as the operator would read them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(orjson.loads(record.getMessage()))
+
+    def wait_for(
+        self, request_id: str, within_s: float = 3.0, status: int | None = None
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if line["request_id"] == request_id and status in (None, line["status"]):
+                    return line
+            time.sleep(0.01)
+        raise AssertionError(f"no access-log line for {request_id}")

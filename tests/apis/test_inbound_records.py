@@ -4,28 +4,17 @@ one observation (metrics, recent requests) per request, answered or refused."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from loadtests.simulator.testing import Fleet
-from tests.support import GatewayServer
+from tests.support import AccessLines, GatewayServer
 
 FLEET: list[Any] = ["a"]
-
-
-class Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(orjson.loads(record.getMessage()))
 
 
 @pytest.fixture(scope="module")
@@ -44,18 +33,6 @@ models:
             yield server
 
 
-@pytest.fixture
-def access() -> Iterator[Lines]:
-    handler = Lines()
-    logger = logging.getLogger("gateway.access")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(level)
-
-
 def _requests_total(gw: GatewayServer) -> float:
     total = 0.0
     for line in httpx.get(gw.url + "/metrics").text.splitlines():
@@ -65,7 +42,7 @@ def _requests_total(gw: GatewayServer) -> float:
 
 
 def test_count_tokens_and_stored_responses_are_logged_once(
-    gw: GatewayServer, access: Lines
+    gw: GatewayServer, access_log: AccessLines
 ) -> None:
     created = httpx.post(
         gw.base_url + "/responses",
@@ -126,7 +103,7 @@ def test_count_tokens_and_stored_responses_are_logged_once(
     assert len(gw.seen) == before_seen + len(calls) + 1
     assert _requests_total(gw) == before_metrics + len(calls) + 1
     for method, _, request_id, _, _, status, tenant in calls:
-        (line,) = [x for x in access.lines if x["request_id"] == request_id]
+        (line,) = [x for x in access_log.lines if x["request_id"] == request_id]
         assert line["status"] == status and line["tenant"] == tenant
         assert line["total_ms"] >= 0
         endpoint = {

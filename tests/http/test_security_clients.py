@@ -6,10 +6,8 @@ providers or a capturing upstream, real Redis, the official `openai` client.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,40 +24,6 @@ from tests.http.test_api import policy_for
 from tests.support import run, validate
 
 MSG = [{"role": "user", "content": "Say hello"}]
-
-
-class AccessLines(logging.Handler):
-    """The access log's lines, as the operator would read them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[dict[str, Any]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(orjson.loads(record.getMessage()))
-
-    def wait_for(
-        self, request_id: str, within_s: float = 3.0, status: int | None = None
-    ) -> dict[str, Any]:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            for line in self.lines:
-                if line["request_id"] == request_id and status in (None, line["status"]):
-                    return line
-            time.sleep(0.01)
-        raise AssertionError(f"no access-log line for {request_id}")
-
-
-@pytest.fixture
-def access_log() -> Iterator[AccessLines]:
-    handler = AccessLines()
-    logger = logging.getLogger("gateway.access")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    yield handler
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def capture_policy(cap: Any, extra: str = "") -> str:
