@@ -87,7 +87,11 @@ def test_openai_sdk_retry_honours_the_429(fleet, gateway, shared) -> None:
     assert raw.retries_taken >= 1
     # The SDK slept what retry-after-ms said (about 2 s), not its own short back-off.
     assert 1.0 <= waited <= 8.0
-    # Without retries the SDK surfaces OpenAI's error type.
+    # Without retries the SDK surfaces OpenAI's error type (the bucket emptied again first: the
+    # SDK's sleep may have outlasted retry-after by enough to refill a second request).
+    with httpx.Client(headers={"authorization": "Bearer key-a"}, timeout=10) as c:
+        while c.post(gw.base_url + "/chat/completions", json=CHAT).status_code == 200:
+            pass
     with pytest.raises(openai.RateLimitError) as e:
         openai.OpenAI(base_url=gw.base_url, api_key="key-a", max_retries=0).chat.completions.create(
             **CHAT
