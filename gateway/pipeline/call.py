@@ -22,7 +22,6 @@ class Call:
         "acc",
         "ctx",
         "decision",
-        "dry_run",
         "endpoint",
         "exchange",
         "headers",
@@ -50,7 +49,6 @@ class Call:
         self.exchange = exchange
         self.raw = b""
         self.want_completion = False  # a stage keeps the streamed answer (the cache)
-        self.dry_run = False  # explain: decide and show, send nothing
         self.principal: Principal
         self.acc: ParsedRequest
         self.sent: ParsedRequest

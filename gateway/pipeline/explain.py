@@ -26,7 +26,7 @@ from gateway.pipeline.stages.cache import describe
 from gateway.policy.schema import Policy
 from gateway.routing.decision import Decision, decide
 from gateway.runtime import ProviderState, Snapshot
-from gateway.wire.request import ParsedRequest, parse_request
+from gateway.wire.request import Endpoint, ParsedRequest, parse_request
 
 
 def infer_endpoint(body: object) -> str:
@@ -136,16 +136,22 @@ def explain_live(
     return out
 
 
-def accept_any(raw: bytes, endpoint: str | None = None, **limits: int) -> ParsedRequest:
-    """Parse a chat or completions body (endpoint inferred from its fields unless given)."""
+def resolve_endpoint(raw: bytes, endpoint: str | None) -> Endpoint:
+    """The endpoint asked for, or the one the body's fields say (chat when it is not JSON:
+    parsing then answers with the proper invalid-JSON error)."""
     if endpoint is None:
         try:
             endpoint = infer_endpoint(orjson.loads(raw))
         except orjson.JSONDecodeError:
-            endpoint = "chat"  # parse_request() answers with the proper invalid-JSON error
+            endpoint = "chat"
     if endpoint not in ("chat", "completions", "embeddings"):
         raise errors.bad_request(f"Unknown endpoint '{endpoint}'.", param="endpoint")
-    return parse_request(raw, endpoint, **limits)  # type: ignore[arg-type]
+    return endpoint  # type: ignore[return-value]
+
+
+def accept_any(raw: bytes, endpoint: str | None = None, **limits: int) -> ParsedRequest:
+    """Parse a chat, completions or embeddings body (endpoint inferred unless given)."""
+    return parse_request(raw, resolve_endpoint(raw, endpoint), **limits)
 
 
 async def explain_http(request: Request, pipeline: Pipeline) -> Response:
@@ -153,17 +159,10 @@ async def explain_http(request: Request, pipeline: Pipeline) -> Response:
     in a dry run: what the router would pick now, nothing sent, nothing counted."""
     snap = pipeline.runtime.snapshot
     raw = await read_body(request, snap.policy.server.max_body_bytes)
-    endpoint = request.query_params.get("endpoint")
-    if endpoint is None:
-        try:
-            endpoint = infer_endpoint(orjson.loads(raw))
-        except orjson.JSONDecodeError:
-            endpoint = "chat"  # Accept answers with the proper invalid-JSON error
-    if endpoint not in ("chat", "completions", "embeddings"):
-        raise errors.bad_request(f"Unknown endpoint '{endpoint}'.", param="endpoint")
+    endpoint = resolve_endpoint(raw, request.query_params.get("endpoint"))
     ctx = Context(new_request_id(), time.perf_counter())
-    call = Call(ctx, snap, endpoint)  # type: ignore[arg-type]
-    call.headers, call.raw, call.dry_run = request.headers, raw, True
+    call = Call(ctx, snap, endpoint)
+    call.headers, call.raw = request.headers, raw
     router = pipeline.dispatcher.router
 
     async def dry_run(call: Call) -> Response:

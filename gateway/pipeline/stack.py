@@ -105,8 +105,8 @@ class Pipeline:
         self.limit = Limit(self.governance)
         self.degrade = Degrade(self.degradation)
         self.cache = Cache(self.exact, self.semantic, self.flights)
-        self._stacks: dict[tuple[str, bool], Next] = {}
-        self._stacks_of = -1  # id() of the snapshot the stacks were built for
+        self._stacks: dict[str, Next] = {}
+        self._stacks_of: Snapshot | None = None  # the policy version the stacks were built for
         self._fronts: dict[bool, Next] = {}
         self._replay = compose([self.recorder], self._replay_accept)
         self.set_tracing(self.tracing)
@@ -147,12 +147,11 @@ class Pipeline:
         return stages
 
     def _stack(self, snap: Snapshot, alias: str) -> Next:
-        if self._stacks_of != id(snap):
-            self._stacks, self._stacks_of = {}, id(snap)
-        key = (alias, False)
-        stack = self._stacks.get(key)
+        if self._stacks_of is not snap:
+            self._stacks, self._stacks_of = {}, snap
+        stack = self._stacks.get(alias)
         if stack is None:
-            stack = self._stacks[key] = compose(self.alias_stages(snap, alias), self.dispatcher)
+            stack = self._stacks[alias] = compose(self.alias_stages(snap, alias), self.dispatcher)
         return stack
 
     def _by_alias(self, call: Call) -> Awaitable[Response]:
