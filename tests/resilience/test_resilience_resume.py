@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from loadtests.simulator.testing import Fleet
-from tests.support import MSG, policy, requests_at, validate
+from tests.support import MSG, policy, poll, requests_at, validate
 
 FLEET = ["a", "b"]
 
@@ -59,6 +59,7 @@ def test_broken_stream_is_resumed_into_one_coherent_stream(
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == 24
     assert (requests_at(fleet, "a") - before[0], requests_at(fleet, "b") - before[1]) == (1, 1)
+    poll(lambda: gw.seen)  # a stream is recorded once the server side has ended
     assert gw.seen[-1].resumed and gw.seen[-1].status == 200
 
 

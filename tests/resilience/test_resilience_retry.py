@@ -135,6 +135,7 @@ def test_stream_cut_without_resume_ends_with_an_error_event(fleet: Fleet, gatewa
     assert "broke" in str(err.value)
     assert received and received[-1].choices[0].finish_reason is None  # no fake "stop"
     assert sum(delta(before, counts(fleet, "a", "b")).values()) == 1  # no second request
+    poll(lambda: gw.seen)  # a stream is recorded once the server side has ended
     assert [f.split(":")[1] for ctx in gw.seen for f in ctx.failures] == ["stream_broken"]
     assert gw.seen[-1].status == 502
 

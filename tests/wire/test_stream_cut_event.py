@@ -11,7 +11,7 @@ import pytest
 from gateway.wire.answer_checks import InvalidAnswer, ResponseLimits, StreamCheck
 from loadtests.chaos_answers import classify, expected_text
 from loadtests.simulator.testing import Fleet
-from tests.support import GatewayServer
+from tests.support import GatewayServer, poll
 
 FLEET = ["bad", "good"]
 pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
@@ -50,4 +50,6 @@ retry: {{base_backoff_ms: 0, max_backoff_ms: 0}}
     r = httpx.post(gw.base_url + "/chat/completions", json=body, timeout=10)
     assert r.status_code == 200
     assert classify(200, False, r.content, True, expected_text(body, "fast")) == "succeeded"
+    # A stream is recorded once it has ended on the gateway's side, a moment after the last byte.
+    poll(lambda: gw.seen)
     assert gw.seen[-1].failures == ["bad:bad_response"]
