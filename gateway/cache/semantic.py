@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 
 from gateway.cache import guards
 from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy
-from gateway.cache.embedder import MODEL_ID, make_embedder
+from gateway.cache.embedder import make_embedder
 from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
 from gateway.cache.semantic_store import RedisSemanticStore
@@ -165,7 +165,7 @@ class SemanticCache:
                 redis,
                 prefix=s.redis_prefix,
                 channel=s.redis_channel,
-                model_id=MODEL_ID,
+                model_id=self.worker.embedder.model_id,
                 origin=self.origin,
                 retry_s=s.redis_retry_s,
                 timeout_s=s.redis_timeout_s,

