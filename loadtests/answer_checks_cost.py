@@ -5,7 +5,8 @@ Run: PYTHONPATH=. python -m loadtests.answer_checks_cost [--iterations 20000]
 Per unary answer: the one JSON parse and shape check, plus the secret redaction of the relayed
 bytes, for a typical chat completion (~0.6 KB), a long one (~40 KB) and an embeddings batch (~1 MB).
 Per stream event: the splitter alone (what the relay did before) and the splitter plus the stream
-checks (end marker, error events, UTF-8, redaction), for ASCII and non-ASCII content. Also the cost
+checks (end marker, error events, UTF-8, redaction), for ASCII and non-ASCII content; per read of
+a whole answer (20 events), the checks event by event and as one block (the relay's usual path). Also the cost
 of sanitising an upstream error message (error path only). Prints median microseconds per call.
 """
 
@@ -108,6 +109,27 @@ def main() -> None:
 
         full = _median_us(checked, n)
         print(f"  {name:30s} {base:10.2f} {full:10.2f}")
+
+    # A read that brings a whole answer (20 events and `[DONE]`, as a fast upstream sends them):
+    # the checks event by event against the relay's block path (one set of scans per read).
+    read = b"".join(_event(f"word {i} ") for i in range(20)) + b"data: [DONE]\n\n"
+
+    def by_event() -> None:
+        c = StreamCheck(limits, redactor)
+        c.count(len(read))
+        c.events(SSESplitter(limits.max_event_bytes).feed(read))
+
+    def by_block() -> None:
+        c = StreamCheck(limits, redactor)
+        c.count(len(read))
+        block = SSESplitter(limits.max_event_bytes).feed_block(read)
+        assert c.block(block, block.count(b"\n\n")) == 20
+
+    print("a read of 20 events + [DONE]       by event  by block (us)")
+    print(
+        f"  {'ASCII, ' + str(len(read)) + ' bytes':30s} {_median_us(by_event, n // 10):10.2f} "
+        f"{_median_us(by_block, n // 10):10.2f}"
+    )
     message = (
         "Incorrect API key provided: sk-proj-****abcd. See https://platform.example.com/keys "
         "(request from 10.0.0.7 via gpu-3.internal:8000)."

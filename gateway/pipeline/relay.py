@@ -30,7 +30,14 @@ from gateway.runtime import Snapshot
 from gateway.wire.answer_checks import InvalidAnswer, StreamCheck
 from gateway.wire.chunks import StreamAssembler
 from gateway.wire.request import ParsedRequest
-from gateway.wire.sse import DONE, EventTooLarge, SSESplitter, encode_event, event_data
+from gateway.wire.sse import (
+    DONE,
+    EventTooLarge,
+    SSESplitter,
+    encode_event,
+    event_data,
+    split_events,
+)
 
 log = logging.getLogger("gateway")
 
@@ -167,28 +174,38 @@ class StreamRelay:
         rename = self.rename
         try:
             chunks = _prepend(stream.first, stream.chunks())
+            # Each read's whole events are handled as one block: checked, renamed and kept at
+            # once; the events are split apart only when something needs them one by one.
+            one_by_one = continuation or watch is not None
             async for chunk in chunks:
                 check.count(len(chunk))
-                out: list[bytes] = []
-                for ev in splitter.feed(chunk):
-                    if check.done:
-                        continue  # nothing after the end marker
-                    ev = check.event(ev)
+                block = splitter.feed_block(chunk)
+                if not block or check.done:
+                    continue  # an event still incomplete, or anything after the end marker
+                n = block.count(b"\n\n")
+                k = -1 if one_by_one else check.block(block, n)
+                if k >= 0:
                     if rename is not None:
-                        ev = rename(ev)
-                    if continuation:
-                        spliced = self._splice(ev)
-                        if spliced is None:
-                            continue
-                        ev = spliced
+                        renamed = rename.block(block, k)
+                        if renamed is None:
+                            renamed = b"".join(map(rename, split_events(block)))
+                        block = renamed
                     if self.assembler is not None:
-                        self.assembler.feed_event(ev)
-                    if watch is not None:
-                        kept = watch.stream_event(ev)  # usage for limits and spend
-                        if kept is None:
-                            continue
-                        ev = kept
-                    out.append(ev)
+                        self.assembler.feed(block)
+                    events += n
+                    if self.ctx.ttft_s is None:
+                        self.ctx.ttft_s = time.perf_counter() - self.ctx.start
+                    yield block
+                    continue
+                out = check.events(split_events(block))
+                if rename is not None:
+                    out = [rename(ev) for ev in out]
+                if continuation:
+                    out = [ev for ev in map(self._splice, out) if ev is not None]
+                if self.assembler is not None:
+                    self.assembler.feed(out)
+                if watch is not None:
+                    out = [kept for kept in map(watch.stream_event, out) if kept is not None]
                 if not out:
                     continue
                 events += len(out)

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.redact import MASK as REDACTED
 from gateway.redact import Redactor
+from gateway.wire.sse import DONE
 
 MIB = 1024 * 1024
 MASK = REDACTED.encode()
@@ -170,6 +171,50 @@ class StreamCheck:
         self._size += n
         if self._size > self._limit:
             raise InvalidAnswer(f"the stream is larger than {self._limit} bytes")
+
+    def block(self, block: bytes, n: int) -> int:
+        """The number of chunk events in a block of ``n`` whole events (`SSESplitter.feed_block`)
+        that passes as it is, or -1: check it event by event (`events`), which may raise.
+
+        The usual read (JSON chunks, ASCII, no error member or secret, perhaps `[DONE]` last) is
+        checked as one block: a handful of byte scans per read, not per event.
+        """
+        chunks = n
+        marker = block.find(b"[DONE]")
+        if marker >= 0:
+            if marker != len(block) - 8 or not block.endswith(DONE):
+                return -1  # an end marker that is not the block's last event, alone
+            chunks -= 1
+        # Every event ends in a blank line, so this count equals the number of events exactly
+        # when each ends like a JSON object: no cut JSON, no comment-only event.
+        if (
+            self._carry
+            or b'"error"' in block
+            or block.count(b"}\n\n") != chunks
+            or not block.isascii()
+        ):
+            return -1
+        for secret in self._secrets:
+            if secret in block:
+                return -1
+        if marker >= 0:
+            self.done = True
+        elif n == 1:
+            self._prev, self._last = self._last, block
+        else:
+            last = block.rfind(b"\n\n", 0, len(block) - 2) + 2
+            prev = block.rfind(b"\n\n", 0, last - 2) + 2
+            self._prev, self._last = block[prev:last], block[last:]
+        return chunks
+
+    def events(self, evs: list[bytes]) -> list[bytes]:
+        """The events as they may be relayed (`event` for each), up to the end marker."""
+        out: list[bytes] = []
+        for ev in evs:
+            if self.done:
+                break  # nothing after the end marker
+            out.append(self.event(ev))
+        return out
 
     def event(self, ev: bytes) -> bytes:
         """One whole event as it may be relayed (redacted, valid UTF-8); raises InvalidAnswer."""

@@ -10,72 +10,164 @@ from typing import Any
 
 import orjson
 
-from gateway.wire.sse import DONE, encode_event, event_data
+from gateway.wire.sse import DONE, encode_event, event_data, split_events
 
 
 class StreamAssembler:
-    """Accumulates chat.completion.chunk events into one chat.completion (choices by index)."""
+    """Accumulates chat.completion.chunk events into one chat.completion (choices by index).
+
+    Relaying an event only keeps it; the events are parsed when the answer is read (at the end of
+    the stream, or when a broken stream is resumed), all of them in one parse. A chunk that is not
+    what OpenAI sends (not an object, an error, a field of the wrong type) marks the answer as not
+    complete rather than raising.
+    """
 
     def __init__(self) -> None:
-        self.meta: dict[str, Any] = {}
-        self.choices: dict[int, dict[str, Any]] = {}
-        self.usage: dict[str, Any] | None = None
-        self.done = False
-        self.ok = True
+        self._pending: list[bytes] = []
+        self._meta: dict[str, Any] = {}
+        self._choices: dict[int, dict[str, Any]] = {}
+        self._usage: dict[str, Any] | None = None
+        self._done = False
+        self._ok = True
 
     def feed_event(self, event: bytes) -> None:
-        data = event_data(event)
-        if data is None:
+        self._pending.append(event)
+
+    def feed(self, events: bytes | list[bytes]) -> None:
+        """Keep whole events: a list of them, or a block of them (`SSESplitter.feed_block`)."""
+        if isinstance(events, bytes):
+            self._pending.append(events)
+        else:
+            self._pending.extend(events)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        self._settle()
+        return self._meta
+
+    @property
+    def choices(self) -> dict[int, dict[str, Any]]:
+        self._settle()
+        return self._choices
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        self._settle()
+        return self._usage
+
+    @property
+    def done(self) -> bool:
+        self._settle()
+        return self._done
+
+    @property
+    def ok(self) -> bool:
+        self._settle()
+        return self._ok
+
+    def _settle(self) -> None:
+        if not self._pending:
             return
-        if data == b"[DONE]":
-            self.done = True
-            return
+        body = b"".join(self._pending)
+        self._pending = []
         try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            self.ok = False
-            return
+            for chunk in self._parse(body):
+                self._feed_chunk(chunk)
+        except (AttributeError, TypeError, KeyError):
+            self._ok = False  # a field of the wrong type somewhere in a chunk
+
+    def _parse(self, body: bytes) -> list[Any]:
+        """The chunks that whole events carry; `[DONE]` noted, comments skipped."""
+        # The usual stream, every event one `data: ` line: its payloads joined into one JSON
+        # array, one parse. JSON text holds no raw newline, so the separator only occurs between
+        # events; anything else fails to parse or gives another count, and takes the slow path.
+        head = body[: -len(DONE)] if body.endswith(DONE) else body
+        n = head.count(b"\n\n")
+        if n and head.startswith(b"data: "):
+            try:
+                chunks = orjson.loads(b"[" + head[6:-2].replace(b"\n\ndata: ", b",") + b"]")
+            except orjson.JSONDecodeError:
+                chunks = None
+            if isinstance(chunks, list) and len(chunks) == n:
+                self._done = self._done or head is not body
+                return chunks
+        out: list[Any] = []
+        for ev in split_events(body):
+            data = event_data(ev)
+            if data is None:
+                continue
+            if data == b"[DONE]":
+                self._done = True
+                continue
+            try:
+                out.append(orjson.loads(data))
+            except orjson.JSONDecodeError:
+                self._ok = False
+        return out
+
+    def _feed_chunk(self, chunk: Any) -> None:
         if not isinstance(chunk, dict) or "error" in chunk:
-            self.ok = False
+            self._ok = False
             return
-        if not self.meta:
-            self.meta = {k: chunk.get(k) for k in ("id", "created", "model", "system_fingerprint")}
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for c in chunk.get("choices") or []:
+        if not self._meta:
+            self._meta = {k: chunk.get(k) for k in ("id", "created", "model", "system_fingerprint")}
+        usage = chunk.get("usage")
+        if usage:
+            self._usage = usage
+        for c in chunk.get("choices") or ():
             self._feed_choice(c)
 
     def _feed_choice(self, c: dict[str, Any]) -> None:
-        slot = self.choices.setdefault(
-            c.get("index", 0),
-            {
+        index = c.get("index", 0)
+        if type(index) is not int:
+            raise TypeError("choice index")
+        slot = self._choices.get(index)
+        if slot is None:
+            slot = self._choices[index] = {
                 "role": "assistant",
                 "content": [],
                 "finish_reason": None,
                 "tool_calls": {},
                 "logprobs": [],
-            },
-        )
+            }
+        delta = c.get("delta")
+        if delta:
+            text = delta.get("content")
+            if text:
+                if type(text) is not str:
+                    raise TypeError("content")
+                slot["content"].append(text)
+            role = delta.get("role")
+            if role:
+                slot["role"] = role
+            calls = delta.get("tool_calls")
+            if calls:
+                self._feed_calls(slot["tool_calls"], calls)
         lp = c.get("logprobs")
-        if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        if lp and isinstance(lp, dict) and isinstance(lp.get("content"), list):
             slot["logprobs"].extend(lp["content"])  # kept, so a replayed answer still has them
-        delta = c.get("delta") or {}
-        if delta.get("role"):
-            slot["role"] = delta["role"]
-        if delta.get("content"):
-            slot["content"].append(delta["content"])
-        for tc in delta.get("tool_calls") or []:
-            cur = slot["tool_calls"].setdefault(
-                tc.get("index", 0),
-                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
-            )
+        finish = c.get("finish_reason")
+        if finish:
+            slot["finish_reason"] = finish
+
+    @staticmethod
+    def _feed_calls(calls: dict[int, dict[str, Any]], deltas: list[Any]) -> None:
+        for tc in deltas:
+            index = tc.get("index", 0)
+            if type(index) is not int:
+                raise TypeError("tool call index")
+            cur = calls.get(index)
+            if cur is None:
+                cur = calls[index] = {
+                    "id": None,
+                    "type": "function",
+                    "function": {"name": "", "arguments": ""},
+                }
             if tc.get("id"):
                 cur["id"] = tc["id"]
             fn = tc.get("function") or {}
             cur["function"]["name"] += fn.get("name") or ""
             cur["function"]["arguments"] += fn.get("arguments") or ""
-        if c.get("finish_reason"):
-            slot["finish_reason"] = c["finish_reason"]
 
     def content(self, index: int = 0) -> str:
         slot = self.choices.get(index)

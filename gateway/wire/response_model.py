@@ -43,6 +43,16 @@ class ModelName:
         self._seen = m.group()
         return data[: m.start()] + self._member + data[m.end() :]
 
+    def block(self, data: bytes, n: int) -> bytes | None:
+        """A block of ``n`` chunk events rewritten at once, when each names the model as the last
+        event seen did (or already names the alias); None: rewrite them one by one."""
+        seen = self._seen
+        if seen is not None and data.count(seen) == n:
+            return data.replace(seen, self._member)
+        if data.count(self._member) == n:
+            return data
+        return None
+
 
 def for_alias(mode: str, alias: str) -> ModelName | None:
     """The rewrite for an alias's `response_model` setting (None: answers are left as they are)."""

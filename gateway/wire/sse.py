@@ -42,9 +42,34 @@ class SSESplitter:
         self._buf = rest
         return events
 
+    def feed_block(self, data: bytes) -> bytes:
+        """Feeds raw bytes; the events completed, as one block (what `feed` returns, joined).
+
+        Their number is `block.count(b"\\n\\n")`; `split_events` lists them.
+        """
+        buf = self._buf + data if self._buf else data
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        end = buf.rfind(b"\n\n") + 2
+        if end > 2 and buf[end - 3] == 0x0A:
+            # A run of blank lines: where its events end depends on the run's length.
+            self._buf = b""
+            events = self.feed(buf)
+            return events[0] if len(events) == 1 else b"".join(events)
+        rest = buf[end:] if end >= 2 else buf
+        if self._max is not None and len(rest) > self._max:
+            raise EventTooLarge(f"stream event larger than {self._max} bytes")
+        self._buf = rest
+        return buf[:end] if end >= 2 else b""
+
     def tail(self) -> bytes:
         """Bytes of an incomplete last event (non-empty means the stream was cut mid-event)."""
         return self._buf
+
+
+def split_events(block: bytes) -> list[bytes]:
+    """The events of a block of whole events (`SSESplitter.feed_block`)."""
+    return SSESplitter().feed(block)
 
 
 def event_data(event: bytes) -> bytes | None:
