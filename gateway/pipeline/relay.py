@@ -232,7 +232,7 @@ class StreamRelay:
             # another member or ended with an error event, never a cut connection.
             f = e if isinstance(e, UpstreamFailure) else attempt_error(e)
             attempt.fail(f)
-            self._broken = f
+            self._broken = f.with_traceback(None)  # kept: its frames hold this relay
         finally:
             attempt.cancel()  # the client went away (a no-op once settled)
             self.ctx.output_chunks += events

@@ -55,7 +55,10 @@ class StreamReply(StreamingResponse):
                 await aclose()
             await self.closed()
         finally:
-            run_hooks(self._hooks)
+            # Dropped once run: a hook may hold this response (a stage's closure over it), and
+            # that cycle would keep the request's objects alive until a garbage collection.
+            hooks, self._hooks = self._hooks, []
+            run_hooks(hooks)
 
 
 def run_hooks(hooks: list[Finish]) -> None:
@@ -103,7 +106,8 @@ def finish_now(response: Response) -> None:
     """Run a response's hooks without sending it (a replay's stored answer)."""
     if isinstance(response, StreamReply):
         response._ended = True
-        run_hooks(response._hooks)
+        hooks, response._hooks = response._hooks, []
+        run_hooks(hooks)
         return
     bg = response.background
     if bg is not None and isinstance(bg.func, _Hooks):

@@ -209,6 +209,9 @@ class UpstreamStream:
                     kind = "idle_timeout" if remaining > self._idle_s else "total_timeout"
                     raise UpstreamFailure(kind, "no stream data in time") from None
                 except (aiohttp.ClientError, OSError) as e:
+                    e.__traceback__ = (
+                        None  # aiohttp keeps the error on the response: its frames would hold ours
+                    )
                     raise UpstreamFailure("stream_broken", type(e).__name__) from None
                 if not chunk:
                     if content.at_eof():
@@ -440,6 +443,7 @@ class UpstreamClient:
             kind = "first_byte_timeout" if head_s < timeouts.total_s else "total_timeout"
             raise UpstreamFailure(kind, "no answer headers in time") from None
         except (aiohttp.ClientError, OSError) as e:
+            e.__traceback__ = None
             raise UpstreamFailure("connect_error", type(e).__name__) from None
         # The answer is ready upstream once its headers are here: its body comes in gaps under
         # idle_s, complete by the headers' own limit or idle_s after them, whichever is later
@@ -463,6 +467,7 @@ class UpstreamClient:
             kind = "total_timeout" if time.monotonic() >= total_end - 0.001 else "idle_timeout"
             raise UpstreamFailure(kind, "answer body not complete in time") from None
         except (aiohttp.ClientError, OSError) as e:
+            e.__traceback__ = None
             raise UpstreamFailure("connect_error", type(e).__name__) from None
         finally:
             if ok:
@@ -543,6 +548,7 @@ class UpstreamClient:
                 resp.close()
             raise UpstreamFailure("first_byte_timeout", "no first chunk in time") from None
         except (aiohttp.ClientError, OSError) as e:
+            e.__traceback__ = None
             if resp is not None:
                 resp.close()
                 raise UpstreamFailure("stream_broken", type(e).__name__) from None

@@ -237,7 +237,7 @@ class Failover:
                 try:
                     result = await _try(send, attempt)
                 except UpstreamFailure as f:
-                    last = f
+                    last = f.with_traceback(None)  # kept: its frames would hold this one
                     self._client_error(snap, member, f, ctx)
                 else:
                     if hedge.enabled:
@@ -299,7 +299,7 @@ class Failover:
                     try:
                         result = task.result()
                     except UpstreamFailure as f:
-                        last = f
+                        last = f.with_traceback(None)
                         self._client_error(snap, attempt.member, f, ctx)
                         continue
                     ctx.pool, ctx.provider = pool, attempt.member.name
