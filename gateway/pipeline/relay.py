@@ -182,11 +182,10 @@ class StreamRelay:
                 block = splitter.feed_block(chunk)
                 if not block or check.done:
                     continue  # an event still incomplete, or anything after the end marker
-                n = block.count(b"\n\n")
-                k = -1 if one_by_one else check.block(block, n)
-                if k >= 0:
+                n = -1 if one_by_one else check.block(block)
+                if n >= 0:
                     if rename is not None:
-                        renamed = rename.block(block, k)
+                        renamed = rename.block(block, n - check.done)
                         if renamed is None:
                             renamed = b"".join(map(rename, split_events(block)))
                         block = renamed

@@ -136,12 +136,16 @@ def first_event_complete(buf: bytes) -> bool:
         if end < 0:
             return False
         event = buf[start : end + 2]
-        m = _DATA.search(event)
-        if m is not None:
-            payload = event[m.end() :].lstrip()
+        # The usual first event is one `data: {` line: no regex for it.
+        data = 6 if event.startswith(b"data: {") else -1
+        if data < 0:
+            m = _DATA.search(event)
+            data = -1 if m is None else m.end()
+        if data >= 0:
+            payload = event[data:].lstrip()
             if not (payload.startswith(b"{") or payload.startswith(b"[DONE]")):
                 raise InvalidAnswer("the stream's first event is not a JSON chunk")
-            if _ERROR_EVENT.search(event):
+            if b'"error"' in event and _ERROR_EVENT.search(event):
                 raise InvalidAnswer("the stream started with an error event")
             return True
         fields = {line.split(b":", 1)[0] for line in event.split(b"\n") if line}
@@ -172,40 +176,37 @@ class StreamCheck:
         if self._size > self._limit:
             raise InvalidAnswer(f"the stream is larger than {self._limit} bytes")
 
-    def block(self, block: bytes, n: int) -> int:
-        """The number of chunk events in a block of ``n`` whole events (`SSESplitter.feed_block`)
-        that passes as it is, or -1: check it event by event (`events`), which may raise.
+    def block(self, block: bytes) -> int:
+        """The number of events in a block of whole events (`SSESplitter.feed_block`) that
+        passes as it is, or -1: check it event by event (`events`), which may raise.
 
-        The usual read (JSON chunks, ASCII, no error member or secret, perhaps `[DONE]` last) is
-        checked as one block: a handful of byte scans per read, not per event.
+        The usual read (one-line JSON chunks, ASCII, no error member or secret, perhaps `[DONE]`
+        last) is checked as one block: a handful of byte scans per read, not per event.
         """
-        chunks = n
-        marker = block.find(b"[DONE]")
-        if marker >= 0:
-            if marker != len(block) - 8 or not block.endswith(DONE):
-                return -1  # an end marker that is not the block's last event, alone
-            chunks -= 1
-        # Every event ends in a blank line, so this count equals the number of events exactly
-        # when each ends like a JSON object: no cut JSON, no comment-only event.
+        done = block.endswith(DONE) and (len(block) == len(DONE) or block[-16:-14] == b"\n\n")
+        chunks = block.count(b"}\n\n")
+        # Every event ends in a blank line; when all the newlines are those of the chunks' ends
+        # (and of `[DONE]`), each event is one line ending like a JSON object: no cut JSON, no
+        # comment, no other end marker (`[DONE]` elsewhere would end its own event).
         if (
-            self._carry
+            block.count(b"\n") != 2 * (chunks + done)
+            or self._carry
             or b'"error"' in block
-            or block.count(b"}\n\n") != chunks
             or not block.isascii()
         ):
             return -1
         for secret in self._secrets:
             if secret in block:
                 return -1
-        if marker >= 0:
+        if done:
             self.done = True
-        elif n == 1:
+        elif chunks == 1:
             self._prev, self._last = self._last, block
         else:
             last = block.rfind(b"\n\n", 0, len(block) - 2) + 2
             prev = block.rfind(b"\n\n", 0, last - 2) + 2
             self._prev, self._last = block[prev:last], block[last:]
-        return chunks
+        return chunks + done
 
     def events(self, evs: list[bytes]) -> list[bytes]:
         """The events as they may be relayed (`event` for each), up to the end marker."""

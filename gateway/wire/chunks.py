@@ -12,6 +12,8 @@ import orjson
 
 from gateway.wire.sse import DONE, encode_event, event_data, split_events
 
+_META = ("id", "created", "model", "system_fingerprint")
+
 
 class StreamAssembler:
     """Accumulates chat.completion.chunk events into one chat.completion (choices by index).
@@ -70,9 +72,21 @@ class StreamAssembler:
             return
         body = b"".join(self._pending)
         self._pending = []
+        feed = self._feed_choice
         try:
             for chunk in self._parse(body):
-                self._feed_chunk(chunk)
+                if type(chunk) is not dict or "error" in chunk:
+                    self._ok = False
+                    continue
+                if not self._meta:
+                    self._meta = {k: chunk.get(k) for k in _META}
+                usage = chunk.get("usage")
+                if usage:
+                    self._usage = usage
+                choices = chunk.get("choices")
+                if choices:
+                    for c in choices:
+                        feed(c)
         except (AttributeError, TypeError, KeyError):
             self._ok = False  # a field of the wrong type somewhere in a chunk
 
@@ -104,18 +118,6 @@ class StreamAssembler:
             except orjson.JSONDecodeError:
                 self._ok = False
         return out
-
-    def _feed_chunk(self, chunk: Any) -> None:
-        if not isinstance(chunk, dict) or "error" in chunk:
-            self._ok = False
-            return
-        if not self._meta:
-            self._meta = {k: chunk.get(k) for k in ("id", "created", "model", "system_fingerprint")}
-        usage = chunk.get("usage")
-        if usage:
-            self._usage = usage
-        for c in chunk.get("choices") or ():
-            self._feed_choice(c)
 
     def _feed_choice(self, c: dict[str, Any]) -> None:
         index = c.get("index", 0)

@@ -46,10 +46,15 @@ class ModelName:
     def block(self, data: bytes, n: int) -> bytes | None:
         """A block of ``n`` chunk events rewritten at once, when each names the model as the last
         event seen did (or already names the alias); None: rewrite them one by one."""
-        seen = self._seen
-        if seen is not None and data.count(seen) == n:
-            return data.replace(seen, self._member)
-        if data.count(self._member) == n:
+        seen, member = self._seen, self._member
+        if seen is not None:
+            if len(seen) != len(member):  # one pass: the length change counts the replacements
+                out = data.replace(seen, member)
+                if len(out) - len(data) == n * (len(member) - len(seen)):
+                    return out
+            elif data.count(seen) == n:
+                return data.replace(seen, member)
+        if data.count(member) == n:
             return data
         return None
 
