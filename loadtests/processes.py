@@ -26,11 +26,20 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def gateway_process(
-    policy_path: Path, *, env: dict[str, str] | None = None, workers: int = 1
+    policy_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    workers: int = 1,
+    root: Path | None = None,
 ) -> Iterator[str]:
-    """`gateway serve` as a separate process (what users run). Yields its base URL (…/v1)."""
+    """`gateway serve` as a separate process (what users run). Yields its base URL (…/v1).
+
+    ``root``: run the gateway of another source tree (an old commit, for side-by-side runs).
+    """
     port = free_port()
     proc_env = {**os.environ, **(env or {})}
+    if root is not None:
+        proc_env["PYTHONPATH"] = str(root)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -47,6 +56,7 @@ def gateway_process(
             "warning",
         ],
         env=proc_env,
+        cwd=root,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

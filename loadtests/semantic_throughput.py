@@ -35,6 +35,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from loadtests.overhead import baseline_tree
 from loadtests.processes import gateway_process
 from loadtests.simulator.testing import spawn_fleet
 
@@ -165,19 +166,28 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="per burst")
     ap.add_argument("--rounds", type=int, default=3, help="bursts per configuration, interleaved")
     ap.add_argument("--questions", type=int, default=128)
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="another commit: each configuration also runs on its gateway (CONFIG@base), in the "
+        "same rotation",
+    )
     args = ap.parse_args()
     configs = args.configs.split(",")
+    if args.baseline:
+        configs += [f"{c}@base" for c in configs]
     lengths = args.lengths.split(",")
     texts = {length: questions(args.questions, length == "long") for length in lengths}
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
     upstream = [{"name": "zero", "profile": args.profile}]
     with spawn_fleet(upstream) as fleet, ExitStack() as stack:
         folder = Path(tempfile.mkdtemp(prefix="sem-throughput-"))
+        base = stack.enter_context(baseline_tree(args.baseline)) if args.baseline else None
         gateways = {}
         for config in configs:  # all running at once, measured in turn: the same machine noise
-            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?(p?)", config)
+            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?(p?)(@base)?", config)
             assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS][p]"
-            policy = folder / f"policy-{config}.yaml"
+            policy = folder / f"policy-{config.replace('@', '-')}.yaml"
             policy.write_text(
                 POLICY.format(
                     url=fleet.url("zero"),
@@ -189,7 +199,8 @@ def main() -> None:
                 )
             )
             env = {"GATEWAY_ACCESS_LOG": "0"}
-            gateways[config] = stack.enter_context(gateway_process(policy, env=env))
+            root = base if m[6] else None
+            gateways[config] = stack.enter_context(gateway_process(policy, env=env, root=root))
         for gw in gateways.values():
             for length in lengths:
                 asyncio.run(warm(gw, texts[length]))
