@@ -97,6 +97,14 @@ def test_requests_of_every_kind_leave_no_cycle(gw, fleet) -> None:
                 assert _post(gw, stream=stream, max_tokens=30).status_code == 200
         finally:
             fleet.clear_faults("a")
+        # The other inbound APIs, translated to chat and back.
+        for stream in (False, True):
+            messages = {"model": "chat", "max_tokens": 8, "stream": stream, "messages": MSG}
+            r = httpx.post(gw.base_url + "/messages", json=messages, timeout=30)
+            assert r.status_code == 200
+            response = {"model": "chat", "max_output_tokens": 16, "stream": stream, "input": "Hi"}
+            r = httpx.post(gw.base_url + "/responses", json=response, timeout=30)
+            assert r.status_code == 200
         # A client that leaves mid-stream.
         payload = {"model": "slow", "messages": MSG, "max_tokens": 64, "stream": True}
         with httpx.stream("POST", gw.base_url + "/chat/completions", json=payload, timeout=30) as r:
