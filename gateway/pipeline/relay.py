@@ -191,27 +191,24 @@ class StreamRelay:
                         block = renamed
                     if self.assembler is not None:
                         self.assembler.feed(block)
-                    events += n
-                    if self.ctx.ttft_s is None:
-                        self.ctx.ttft_s = time.perf_counter() - self.ctx.start
-                    yield block
-                    continue
-                out = check.events(split_events(block))
-                if rename is not None:
-                    out = [rename(ev) for ev in out]
-                if continuation:
-                    out = [ev for ev in map(self._splice, out) if ev is not None]
-                if self.assembler is not None:
-                    self.assembler.feed(out)
-                if watch is not None:
-                    out = [kept for kept in map(watch.stream_event, out) if kept is not None]
-                if not out:
-                    continue
-                events += len(out)
+                else:
+                    out = check.events(split_events(block))
+                    if rename is not None:
+                        out = [rename(ev) for ev in out]
+                    if continuation:
+                        out = [ev for ev in map(self._splice, out) if ev is not None]
+                    if self.assembler is not None:
+                        self.assembler.feed(out)
+                    if watch is not None:
+                        out = [kept for kept in map(watch.stream_event, out) if kept is not None]
+                    if not out:
+                        continue
+                    # Events that arrived together leave together: one write instead of one each.
+                    n, block = len(out), b"".join(out)
+                events += n
                 if self.ctx.ttft_s is None:
                     self.ctx.ttft_s = time.perf_counter() - self.ctx.start
-                # Events that arrived together leave together: one write instead of one each.
-                yield out[0] if len(out) == 1 else b"".join(out)
+                yield block
             if not check.done:
                 if not check.finished or splitter.tail().strip():
                     raise InvalidAnswer("the stream ended without [DONE]")

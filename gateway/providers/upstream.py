@@ -209,9 +209,8 @@ class UpstreamStream:
                     kind = "idle_timeout" if remaining > self._idle_s else "total_timeout"
                     raise UpstreamFailure(kind, "no stream data in time") from None
                 except (aiohttp.ClientError, OSError) as e:
-                    e.__traceback__ = (
-                        None  # aiohttp keeps the error on the response: its frames would hold ours
-                    )
+                    # aiohttp keeps the error on the response: its frames would hold ours.
+                    e.__traceback__ = None
                     raise UpstreamFailure("stream_broken", type(e).__name__) from None
                 if not chunk:
                     if content.at_eof():

@@ -95,7 +95,8 @@ class StreamAssembler:
         # The usual stream, every event one `data: ` line: its payloads joined into one JSON
         # array, one parse. JSON text holds no raw newline, so the separator only occurs between
         # events; anything else fails to parse or gives another count, and takes the slow path.
-        head = body[: -len(DONE)] if body.endswith(DONE) else body
+        ended = body.endswith(DONE)
+        head = body[: -len(DONE)] if ended else body
         n = head.count(b"\n\n")
         if n and head.startswith(b"data: "):
             try:
@@ -103,7 +104,7 @@ class StreamAssembler:
             except orjson.JSONDecodeError:
                 chunks = None
             if isinstance(chunks, list) and len(chunks) == n:
-                self._done = self._done or head is not body
+                self._done = self._done or ended
                 return chunks
         out: list[Any] = []
         for ev in split_events(body):

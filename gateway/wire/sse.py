@@ -50,17 +50,17 @@ class SSESplitter:
         buf = self._buf + data if self._buf else data
         if b"\r" in buf:
             buf = buf.replace(b"\r\n", b"\n")
-        end = buf.rfind(b"\n\n") + 2
-        if end > 2 and buf[end - 3] == 0x0A:
+        cut = buf.rfind(b"\n\n")
+        if cut > 0 and buf[cut - 1] == 0x0A:
             # A run of blank lines: where its events end depends on the run's length.
             self._buf = b""
-            events = self.feed(buf)
-            return events[0] if len(events) == 1 else b"".join(events)
-        rest = buf[end:] if end >= 2 else buf
+            return b"".join(self.feed(buf))
+        end = cut + 2 if cut >= 0 else 0  # after the last complete event
+        rest = buf[end:]
         if self._max is not None and len(rest) > self._max:
             raise EventTooLarge(f"stream event larger than {self._max} bytes")
         self._buf = rest
-        return buf[:end] if end >= 2 else b""
+        return buf[:end]
 
     def tail(self) -> bytes:
         """Bytes of an incomplete last event (non-empty means the stream was cut mid-event)."""
