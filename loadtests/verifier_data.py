@@ -3,6 +3,9 @@
 Sources (all public or written here, none from a benchmark the held-out evaluation uses):
 - PAWS-Wiki *dev* (`/work/shared/data/paws_wiki/dev.tsv`, word-swap paraphrases and non-paraphrases);
 - `loadtests/data/chat_pairs.tsv` (generated chat questions, `build_chat_pairs.py`);
+- `loadtests/data/written/*.tsv` (chat questions written by hand, four domains: heavy rewordings
+  as paraphrases, and hard negatives that share the topic: another aspect, entity, number,
+  direction, role, antonym or operator);
 - pairs derived from the training split only (`augment`): a question against itself, and a
   question against a copy with one meaning flip (antonym, direction, operator, number, negation,
   swapped names);
@@ -24,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+
 DATA = Path(__file__).parent / "data"
 PAWS_DEV = Path("/work/shared/data/paws_wiki/dev.tsv")
 Split = Literal["train", "tune", "holdout"]
@@ -38,6 +43,7 @@ class Pair:
     source: str
     split: str = "train"
     cosine: float = 0.0
+    origin: str = ""  # the file a written pair comes from
 
 
 def split_of(group: str) -> Split:
@@ -79,6 +85,27 @@ def load_chat() -> list[Pair]:
     return load_tsv("chat_pairs.tsv", "chat")
 
 
+def load_written() -> list[Pair]:
+    """The hand-written sets, split by first sentence like the chat pairs."""
+    pairs: list[Pair] = []
+    for path in sorted((DATA / "written").glob("*.tsv")):
+        with path.open(encoding="utf-8") as f:
+            rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+        pairs += [
+            Pair(
+                r["sentence1"].strip(),
+                r["sentence2"].strip(),
+                int(r["label"]),
+                r["kind"].strip(),
+                "written",
+                split_of(f"written:{r['sentence1'].strip().lower()}"),
+                origin=path.stem,
+            )
+            for r in rows
+        ]
+    return pairs
+
+
 def load_near_misses() -> list[Pair]:
     """Hand-written set, evaluation only: every pair is in the holdout split."""
     return load_tsv("near_misses.tsv", "near_misses", split="holdout")
@@ -113,6 +140,12 @@ _SYNTH_OPS = [
     "In Python, what does {c} {op} {n} return?",
 ]
 _COLS = ["age", "price", "total", "score", "count", "x", "amount", "size"]
+# Two conditions joined by "and" or "or": a filter's logic, one word apart.
+_SYNTH_LOGIC = [
+    "Select rows where {c} is {n} {j} {d} is {m}",
+    "How do I find users whose {c} is {n} {j} whose {d} is {m}?",
+    "Write a query for orders with {c} above {n} {j} {d} below {m}",
+]
 _DIRECTIONS = [
     "How do I convert {a} to {b}?", "Translate this from {a} to {b}",
     "How long does it take to drive from {a} to {b}?", "How do I move my data from {a} to {b}?",
@@ -168,6 +201,24 @@ def _negate(text: str, rng: random.Random) -> str | None:
     return re.sub(p, r, text, count=1)
 
 
+_PREFIXES = ["Could you tell me ", "Please tell me ", "I was wondering, ", "Quick question: ",
+             "Can you explain ", "Hey, ", "I'd like to know "]  # fmt: skip
+_SWAPS = [(r"\bWhat is\b", "What's"), (r"\bWhat's\b", "What is"), (r"\bHow do I\b", "How can I"),
+          (r"\bHow can I\b", "How do I"), (r"\bdo not\b", "don't"), (r"\bdon't\b", "do not"),
+          (r"\bis it\b", "is it actually"), (r"\bthe\b ", ""), (r"\ba\b ", "one ")]  # fmt: skip
+
+
+def _light_edit(text: str, rng: random.Random) -> str | None:
+    """The same question with its function words edited: a polite prefix, a contraction, an
+    article dropped, "How do I" for "How can I". Content words stay, in their order."""
+    options = [(p, r) for p, r in _SWAPS if re.search(p, text)]
+    if options and rng.random() < 0.6:
+        p, r = rng.choice(options)
+        return re.sub(p, r, text, count=1)
+    prefix = rng.choice(_PREFIXES)
+    return prefix + text[0].lower() + text[1:] if text else None
+
+
 def augment(pairs: list[Pair], seed: int = 11) -> list[Pair]:
     """Derived pairs from the questions of `pairs` (pass training-split pairs only)."""
     rng = random.Random(seed)
@@ -179,6 +230,9 @@ def augment(pairs: list[Pair], seed: int = 11) -> list[Pair]:
             "identical": q,
             "casing": q.lower().rstrip("?.!") if rng.random() < 0.5 else q.upper(),
         }
+        edited = _light_edit(q, rng)
+        if edited and edited != q:
+            variants["light_edit"] = edited
         for kind, text in variants.items():
             out.append(Pair(q, text, 1, kind, "derived"))
         for kind, fn in (("antonym", _flip_word), ("swap", _swap_names),
@@ -195,6 +249,16 @@ def augment(pairs: list[Pair], seed: int = 11) -> list[Pair]:
                         "derived"))  # fmt: skip
         out.append(Pair(base, base.replace(f" {op} ", f"{op}", 1) if i % 2 else base.lower(), 1,
                         "operator_same", "derived"))  # fmt: skip
+    for i in range(120):
+        c, d = rng.sample(_COLS, 2)
+        n, m = rng.randrange(1, 500), rng.randrange(1, 500)
+        template = rng.choice(_SYNTH_LOGIC)
+        base = template.format(c=c, d=d, n=n, m=m, j="and")
+        other = template.format(c=c, d=d, n=n, m=m, j="or")
+        out.append(Pair(base, other, 0, "operator", "derived") if i % 2 else
+                   Pair(other, base, 0, "operator", "derived"))  # fmt: skip
+        out.append(Pair(base, template.format(c=d, d=c, n=m, m=n, j="and"), 1, "operator_same",
+                        "derived"))  # fmt: skip
     for i in range(len(_DIRECTIONS) * len(_THINGS)):
         j = i % len(_DIRECTIONS)
         a, b = _THINGS[i // len(_DIRECTIONS)]
@@ -204,4 +268,69 @@ def augment(pairs: list[Pair], seed: int = 11) -> list[Pair]:
                         "derived"))  # fmt: skip
     for p in out:
         p.split = "train"
+    return out
+
+
+def mine_negatives(
+    pairs: list[Pair], vectors: dict[str, np.ndarray], per_question: int = 2,
+    floor: float = 0.60, ceiling: float = 0.90,
+) -> list[Pair]:  # fmt: skip
+    """Other questions of the same split and file that retrieval would offer as candidates: for
+    each written question, its `per_question` nearest questions (cosine in [`floor`, `ceiling`))
+    that are not labelled as the same question (directly or through a chain of paraphrases), as
+    label-0 pairs. Only within one written file (its author kept its questions apart; two files,
+    or the template families of chat_pairs.tsv, may ask one thing twice unlabelled), and below
+    `ceiling`, where unlabelled duplicates would gather; the hand-made hard negatives cover it.
+
+    Hand-written hard negatives share most words with their anchor, and hand-written paraphrases
+    share few: trained on those alone, a model learns that fewer shared words means the same
+    question. In a cache the usual candidate is neither: another question on a nearby topic.
+    Pairs never cross splits (pass one split's pairs).
+    """
+    out: list[Pair] = []
+    for origin in sorted({p.origin for p in pairs if p.source == "written"}):
+        chat = [p for p in pairs if p.source == "written" and p.origin == origin]
+        out += _mine(chat, vectors, per_question, floor, ceiling)
+    return out
+
+
+def _mine(
+    chat: list[Pair], vectors: dict[str, np.ndarray], per_question: int, floor: float,
+    ceiling: float,
+) -> list[Pair]:  # fmt: skip
+    parent: dict[str, str] = {}
+
+    def find(s: str) -> str:
+        while parent.setdefault(s, s) != s:
+            parent[s] = parent[parent[s]]
+            s = parent[s]
+        return s
+
+    for p in chat:
+        find(p.s1), find(p.s2)
+        if p.label:
+            parent[find(p.s1)] = find(p.s2)
+    labelled = {(p.s1, p.s2) for p in chat} | {(p.s2, p.s1) for p in chat}
+    texts = sorted(parent)
+    if len(texts) < 2:
+        return []
+    groups = [find(t) for t in texts]
+    mat = np.stack([vectors[t] for t in texts])
+    sims = mat @ mat.T
+    out: list[Pair] = []
+    seen: set[tuple[str, str]] = set()
+    for i, asked in enumerate(texts):
+        taken = 0
+        for j in np.argsort(-sims[i]):
+            if taken == per_question or sims[i, j] < floor:
+                break
+            if sims[i, j] >= ceiling:
+                continue
+            cached = texts[j]
+            if groups[j] == groups[i] or (cached, asked) in labelled or (cached, asked) in seen:
+                continue
+            seen.add((cached, asked))
+            seen.add((asked, cached))
+            out.append(Pair(cached, asked, 0, "mined", "mined", chat[0].split, float(sims[i, j])))
+            taken += 1
     return out

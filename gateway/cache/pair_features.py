@@ -420,7 +420,34 @@ _ALIASES = {
     "tv": "television", "pc": "computer", "2fa": "two-factor",
     "ww2": "second world war", "wwii": "second world war", "ww1": "first world war",
     "wwi": "first world war",
+    # contractions typed without the apostrophe
+    "dont": "do not", "doesnt": "does not", "didnt": "did not", "cant": "can not",
+    "cannot": "can not", "isnt": "is not", "arent": "are not", "wasnt": "was not",
+    "wont": "will not", "wouldnt": "would not", "shouldnt": "should not",
+    "couldnt": "could not", "havent": "have not", "hasnt": "has not", "im": "i am",
+    "ive": "i have", "whats": "what is", "hows": "how is", "wheres": "where is",
+    "whos": "who is", "thats": "that is",
 }  # fmt: skip
+_IRREGULAR_NOT = {"can": "can", "ca": "can", "wo": "will", "sha": "shall"}
+_CLITICS = {"re": "are", "ve": "have", "ll": "will", "m": "am", "d": "would"}
+
+
+def _expand(word: str) -> str:
+    """Contractions as their words ("what's" -> "what", "don't" -> "do not", "we're" -> "we
+    are"): "What's the best..." and "What is the best..." must not differ by a content word.
+    A possessive or "is" 's is dropped (both are stop words or the name itself)."""
+    word = word.replace("’", "'")
+    if "'" not in word:
+        return word
+    if word.endswith("n't"):
+        head = word[:-3]
+        return _IRREGULAR_NOT.get(head, head) + " not"
+    head, _, tail = word.rpartition("'")
+    if tail == "s":
+        return head
+    return f"{head} {_CLITICS[tail]}" if tail in _CLITICS else word
+
+
 _ABSENCE = re.compile(r"\b(?:in the absence of|absent|lack of|lacking)\b")
 
 FEATURES = (
@@ -451,6 +478,12 @@ FEATURES = (
     "guard_entity",
     "guard_entity_order",
     "words",
+    "block_move",
+    "conj_swap",
+    "role_changes",
+    "asks_differ",
+    "asks_match",
+    "and_or_swap",
 )
 _OFF = GuardSettings(numbers=False, negation=False, entities=False, entity_order=False)
 _GUARD_ONLY = {
@@ -480,7 +513,7 @@ class _Text:
         self.raw = raw
         lower = raw.lower()
         self.lower = lower
-        words = [_ALIASES.get(w, w) for w in _WORD.findall(lower)]
+        words = [_ALIASES.get(w, w) for w in " ".join(map(_expand, _WORD.findall(lower))).split()]
         words = " ".join(words).split()  # aliases may be several words
         self.words = words
         self.content = [_stem(w) for w in words if w not in _STOP and not w.isdigit()]
@@ -604,6 +637,129 @@ def _entity_order(q: _Text, c: _Text) -> float:
     return 1.0 if q_order != c_order else 0.0
 
 
+# Words that mark a noun's role: "from X to Y" and "to Y from X" keep each role, "from Y to X"
+# swaps them. Spellings of one role are mapped to one form.
+_ROLE = {"from": "from", "to": "to", "into": "to", "onto": "on", "of": "of", "in": "in",
+         "on": "on", "at": "at", "by": "by", "for": "for", "with": "with", "than": "than",
+         "between": "between", "over": "over", "under": "under", "against": "against",
+         "per": "per", "via": "via", "without": "without", "versus": "versus"}  # fmt: skip
+_CONJ = frozenset(["and", "or", "vs", "versus", "&"])
+_FILLER = frozenset(["please", "can", "could", "you", "tell", "me", "i", "do", "does", "how"])
+
+
+def _shared_order(a: list[str], b: list[str]) -> tuple[list[str], list[str], int, int]:
+    """Both word lists cut to the words the other has too (fillers dropped, role words in one
+    spelling), and the lengths of their common prefix and suffix: between those the orders
+    differ."""
+    sa, sb = set(a), set(b)
+    xa = [_ROLE.get(w, w) for w in a if w in sb and w not in _FILLER]
+    xb = [_ROLE.get(w, w) for w in b if w in sa and w not in _FILLER]
+    i = 0
+    while i < min(len(xa), len(xb)) and xa[i] == xb[i]:
+        i += 1
+    j = 0
+    while j < min(len(xa), len(xb)) - i and xa[-1 - j] == xb[-1 - j]:
+        j += 1
+    return xa, xb, i, j
+
+
+def _block_move(xa: list[str], xb: list[str], i: int, j: int) -> float:
+    """1 when the shared words differ by one moved block ("in 1989 in Germany" / "in Germany in
+    1989", a phrase fronted): a rotation of the differing middle (which may start one word
+    earlier or end one later: "in" is common to both ends of that swap). Swapping two names
+    around a verb or a preposition ("X beat Y" / "Y beat X") needs two moves, so it is not one."""
+    if len(xa) != len(xb) or i + j >= len(xa) - 1 or sorted(xa) != sorted(xb):
+        return 0.0
+    for lo, hi in ((i, j), (i - 1, j), (i, j - 1)):
+        if lo < 0 or hi < 0:
+            continue
+        ma, mb = xa[lo : len(xa) - hi], xb[lo : len(xb) - hi]
+        if any(ma[k:] + ma[:k] == mb for k in range(1, len(ma))):
+            return 1.0
+    return 0.0
+
+
+def _conj_swap(xa: list[str], xb: list[str], i: int, j: int) -> float:
+    """1 when the order differs only by the two sides of "and"/"or"/"vs" exchanged ("Python and
+    Java" / "Java and Python")."""
+    ma, mb = xa[i : len(xa) - j], xb[i : len(xb) - j]
+    for k, w in enumerate(ma):
+        if w in _CONJ and 0 < k < len(ma) - 1 and mb == ma[k + 1 :] + [w] + ma[:k]:
+            return 1.0
+    return 0.0
+
+
+def _roles(words: list[str]) -> dict[str, str]:
+    """Each content word's role marker: the role word right before it ("" when none)."""
+    out: dict[str, str] = {}
+    prev = ""
+    for w in words:
+        if w not in _STOP and w not in out:
+            out[w] = _ROLE.get(prev, "")
+        prev = w
+    return out
+
+
+def _role_changes(q: _Text, c: _Text) -> float:
+    """Share of the content words both texts have whose role marker differs."""
+    rq, rc = _roles(q.words), _roles(c.words)
+    shared = [w for w in rq if w in rc]
+    if not shared:
+        return 0.0
+    return sum(1 for w in shared if rq[w] != rc[w]) / len(shared)
+
+
+# What kind of answer a question asks for: "how long" wants a duration, "why" a reason. "What"
+# and "which" ask for anything, so they name no kind.
+_ASKS = [
+    (re.compile(r"\bhow (?:many|much)\b"), "quantity"),
+    (re.compile(r"\bhow long\b"), "duration"),
+    (re.compile(r"\bhow (?:far|close)\b"), "distance"),
+    (re.compile(r"\bhow old\b"), "age"),
+    (re.compile(r"\bhow (?:often|frequently)\b"), "frequency"),
+    (re.compile(r"\bhow (?:big|large|small|tall|high|heavy|deep|wide)\b"), "size"),
+    (re.compile(r"\bhow (?:do|does|can|could|should|would|to|did)\b"), "method"),
+    (re.compile(r"\bwhy\b|\bwhat (?:causes|caused|makes)\b|\breasons? (?:for|why)\b"), "reason"),
+    (
+        re.compile(
+            r"\bwhen\b|\bwhat(?: is| are|'s)?(?: the)?(?: \w+)? (?:time|year|day|date|month|season|hour)\b"
+        ),
+        "time",
+    ),
+    (
+        re.compile(r"\bwhat(?: is| are|'s)?(?: the)?(?: \w+)? (?:place|city|country|location)\b"),
+        "place",
+    ),
+    (re.compile(r"\bwhat(?: is| are|'s)?(?: the)?(?: \w+)? (?:reason|cause)\b"), "reason"),
+    (re.compile(r"\bwhere\b"), "place"),
+    (re.compile(r"\bwho\b|\bwhom\b"), "person"),
+]
+
+
+@lru_cache(maxsize=16384)
+def _asks(lower: str) -> frozenset[str]:
+    return frozenset(kind for pattern, kind in _ASKS if pattern.search(lower))
+
+
+def _asks_differ(q: _Text, c: _Text) -> float:
+    """1 when both questions name the kind of answer they want and no kind is shared."""
+    a, b = _asks(q.lower), _asks(c.lower)
+    return 1.0 if a and b and not (a & b) else 0.0
+
+
+def _asks_match(q: _Text, c: _Text) -> float:
+    """1 when both name the kind of answer they want and a kind is shared ("When is..." / "What
+    is the best time...": other question words, one ask)."""
+    return 1.0 if _asks(q.lower) & _asks(c.lower) else 0.0
+
+
+def _and_or_swap(q: _Text, c: _Text) -> float:
+    """1 when one joins with "and" where the other joins with "or" (a filter's logic)."""
+    qa, qo = "and" in q.words, "or" in q.words
+    ca, co = "and" in c.words, "or" in c.words
+    return 1.0 if (qa and not qo and co and not ca) or (qo and not qa and ca and not co) else 0.0
+
+
 _SPACING = re.compile(r"[\s?!.,;:]+")
 
 
@@ -628,6 +784,7 @@ def features(query: str, candidate: str, cosine: float) -> list[float]:
         and q.direction == c.direction[::-1]
         and q.direction[0] != q.direction[1]
     )
+    order = _shared_order(q.words[:_ORDER_WORDS], c.words[:_ORDER_WORDS])
     guard = {
         name: guards.check(query, candidate, gs) is not None for name, gs in _GUARD_ONLY.items()
     }
@@ -647,7 +804,8 @@ def features(query: str, candidate: str, cosine: float) -> list[float]:
         float(min(only_q, only_c)),
         float(numbers_differ),
         float(not numbers_differ and q.numbers != c.numbers),
-        float((q.negations > 0) != (c.negations > 0)),
+        # counts, not presence: "without my phone if I have" / "...if I don't have" differ
+        float(q.negations != c.negations),
         _antonym(q, c),
         float(q.operators != c.operators),
         float(direction_flip),
@@ -659,4 +817,10 @@ def features(query: str, candidate: str, cosine: float) -> list[float]:
         float(guard["entities"]),
         float(guard["entity_order"]),
         float(longest),
+        _block_move(*order),
+        _conj_swap(*order),
+        _role_changes(q, c),
+        _asks_differ(q, c),
+        _asks_match(q, c),
+        _and_or_swap(q, c),
     ]

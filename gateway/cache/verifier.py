@@ -50,6 +50,9 @@ class Verifier:
                     self._left[i, node], self._right[i, node] = lo, hi
         self._depth = int(model.get("depth", 0)) or width
         self._rows = np.arange(n)
+        # scikit-learn's GradientBoosting trees compare float32 inputs: compare the same values,
+        # or a feature within a float32 rounding of a split goes the other way.
+        self._dtype = np.float32 if model.get("input") == "float32" else np.float64
         self.threshold = float(model["threshold"])
         """Default decision threshold on the probability (chosen on the tune split)."""
         self.retrieval_floor = float(model["retrieval_floor"])
@@ -61,7 +64,7 @@ class Verifier:
         return self.probability_of(features(query, candidate, cosine))
 
     def probability_of(self, x: list[float]) -> float:
-        xs = np.asarray(x, dtype=np.float64)
+        xs = np.asarray(x, dtype=self._dtype)
         rows, node = self._rows, np.zeros(len(self._rows), dtype=np.intp)
         for _ in range(self._depth):
             go_left = xs[self._feature[rows, node]] <= self._threshold[rows, node]

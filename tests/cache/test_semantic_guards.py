@@ -78,12 +78,22 @@ VERIFIER_NEAR_MISSES = [
     ("Select users where age < 30", "Select users where age > 30"),
     ("How do I enable dark mode?", "How do I disable dark mode?"),
     ("Wake me up at 6 am", "Wake me up at 6 pm"),
+    ("In SQL, how do I select users whose status is active and whose role is admin?",
+     "In SQL, how do I select users whose status is active or whose role is admin?"),
+    ("Can I log in without my phone if I have two-factor authentication on?",
+     "Can I log in without my phone if I don't have two-factor authentication on?"),
 ]  # fmt: skip
 VERIFIER_SAME = [
     ("How much does an iPhone 4S weigh?", "how much does an iphone 4s weigh"),
     ("What is the boiling point of water?", "At what temperature does water boil?"),
     ("Can I take aspirin with alcohol?", "Is it safe to take aspirin and alcohol together?"),
-]
+    # function words edited, content words kept in order
+    ("What is the best time of year to visit Iceland?",
+     "When is the best time of the year to visit Iceland?"),
+    ("What is the best time of year to visit Iceland?",
+     "what's the best time of year to visit iceland"),
+    ("How do I install Docker on Ubuntu?", "Could you tell me how I can install Docker on Ubuntu?"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("cached", "asked"), VERIFIER_NEAR_MISSES)
@@ -139,3 +149,53 @@ def test_word_lcs_matches_the_dynamic_programme() -> None:
     words = ["how", "do", "i", "reset", "my", "iphone", "password"]
     assert _lcs(words, words) == len(words)
     assert _lcs(words, list(reversed(words))) == 1
+
+
+def test_contractions_read_as_their_words() -> None:
+    """ "What's" is "what (is)", "don't" is "do not": a contraction is no content word of its own,
+    and a negation stays a negation."""
+    from gateway.cache.pair_features import FEATURES, _text, features
+
+    assert _text("What's the capital of Australia's state?").words == [
+        "what", "the", "capital", "of", "australia", "state",
+    ]  # fmt: skip
+    assert _text("I don't know, we can't").words == ["i", "do", "not", "know", "we", "can", "not"]
+    assert _text("I dont know").words == _text("I don't know").words
+    x = dict(
+        zip(
+            FEATURES,
+            features("what's the best time to go", "What is the best time to go?", 0.95),
+            strict=True,
+        )
+    )
+    assert x["only_q"] == x["only_c"] == 0
+    y = dict(zip(FEATURES, features("Is it safe?", "Isn't it safe?", 0.95), strict=True))
+    assert y["negation_differs"] == 1
+
+
+def test_negations_are_counted_not_just_seen() -> None:
+    from gateway.cache.pair_features import FEATURES, features
+
+    x = features(
+        "Can I log in without my phone if I don't have 2FA on?",
+        "Can I log in without my phone if I have 2FA on?",
+        0.99,
+    )
+    assert dict(zip(FEATURES, x, strict=True))["negation_differs"] == 1
+
+
+def test_and_or_swap_and_asked_kinds() -> None:
+    from gateway.cache.pair_features import FEATURES, features
+
+    def f(a: str, b: str) -> dict[str, float]:
+        return dict(zip(FEATURES, features(a, b, 0.95), strict=True))
+
+    assert (
+        f("select rows where a = 1 and b = 2", "select rows where a = 1 or b = 2")["and_or_swap"]
+        == 1
+    )
+    assert f("tea and coffee", "coffee and tea")["and_or_swap"] == 0
+    assert f("Why does my cat knead?", "How do I stop my cat kneading?")["asks_differ"] == 1
+    assert (
+        f("When is the best time to visit?", "What is the best time to visit?")["asks_match"] == 1
+    )

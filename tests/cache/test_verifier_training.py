@@ -1,0 +1,80 @@
+"""The verifier's training pipeline: mined negatives stay inside their split and file and never
+pair two wordings of one question; an exported model scores exactly as the trainer does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gateway.cache.pair_features import FEATURES
+from gateway.cache.verifier import Verifier
+from loadtests.verifier_data import Pair, mine_negatives
+
+
+def _unit(*xs: float) -> np.ndarray:
+    v = np.array(xs, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+def test_mined_negatives_stay_in_their_file_and_skip_paraphrases() -> None:
+    pairs = [
+        Pair("a1", "a2", 1, "paraphrase", "written", "train", origin="f1"),
+        Pair("a2", "a3", 1, "paraphrase", "written", "train", origin="f1"),  # a1 ~ a3 by chain
+        Pair("b1", "b2", 0, "related", "written", "train", origin="f1"),
+        Pair("c1", "c2", 1, "paraphrase", "written", "train", origin="f2"),
+        Pair("p1", "p2", 1, "paws", "paws", "train"),
+    ]
+    vectors = {
+        "a1": _unit(1, 0.1, 0),
+        "a2": _unit(1, 0.2, 0),
+        "a3": _unit(1, 0.3, 0),
+        "b1": _unit(1, 0.9, 0),  # close to the a's: cosine ~0.8
+        "b2": _unit(1, 1.0, 0.1),
+        "c1": _unit(1, 0.1, 0.01),  # as close to a1 as a2, but in another file
+        "c2": _unit(1, 0.2, 0.01),
+    }
+    mined = mine_negatives(pairs, vectors, per_question=4, floor=0.6, ceiling=0.995)
+    assert mined, "the b questions are near the a questions"
+    texts = {t for m in mined for t in (m.s1, m.s2)}
+    assert not texts & {"c1", "c2", "p1", "p2"}
+    group_a = {"a1", "a2", "a3"}
+    for m in mined:
+        assert m.label == 0 and m.source == "mined" and m.split == "train"
+        assert not ({m.s1, m.s2} <= group_a), "two wordings of one question are no negative"
+        assert {m.s1, m.s2} != {"b1", "b2"}, "a labelled pair is not mined again"
+        assert 0.6 <= m.cosine < 0.995
+
+
+def test_mined_negatives_stop_below_the_ceiling() -> None:
+    pairs = [
+        Pair("x", "x2", 0, "related", "written", "tune", origin="f"),
+        Pair("y", "y2", 0, "related", "written", "tune", origin="f"),
+    ]
+    vectors = {"x": _unit(1, 0), "x2": _unit(0, 1), "y": _unit(1, 0.01), "y2": _unit(0.1, 1)}
+    mined = mine_negatives(pairs, vectors, per_question=2, floor=0.6, ceiling=0.9)
+    assert all(m.cosine < 0.9 for m in mined)
+    assert not any({m.s1, m.s2} == {"x", "y"} for m in mined), "near duplicates are left out"
+
+
+@pytest.mark.parametrize("learner", ["gbt", "hgb"])
+def test_exported_model_scores_as_trained(learner: str) -> None:
+    pytest.importorskip("sklearn", reason="scikit-learn (training only) is not installed")
+    from sklearn.ensemble import GradientBoostingClassifier, HistGradientBoostingClassifier
+
+    from loadtests.train_verifier import export
+
+    rng = np.random.default_rng(0)
+    # ratios of small counts: many inputs sit exactly on a split's threshold
+    x = np.round(rng.random((400, len(FEATURES))) * 6) / 6
+    x[:, 0] = rng.random(400)
+    y = (x[:, 0] + x[:, 1] + 0.3 * rng.random(400) > 1.0).astype(int)
+    model = (
+        GradientBoostingClassifier(n_estimators=40, max_depth=3, random_state=0)
+        if learner == "gbt"
+        else HistGradientBoostingClassifier(max_iter=40, max_leaf_nodes=8, random_state=0)
+    )
+    model.fit(x, y)
+    runtime = Verifier(export(model, 0.5, {}))
+    expected = model.predict_proba(x)[:, 1]
+    got = np.array([runtime.probability_of(list(row)) for row in x])
+    assert np.abs(got - expected).max() < 1e-5
