@@ -269,8 +269,8 @@ class SemanticCache:
         reason = "verifier"
         if self.verifier is not None:
             top = -1.0
-            for sim, entry in candidates:
-                p = self.verifier.probability(text, entry.text, sim)
+            scores = self.verifier.probabilities(text, [(e.text, sim) for sim, e in candidates])
+            for (sim, entry), p in zip(candidates, scores, strict=True):
                 if p >= self._verifier_threshold and p > top:
                     top, chosen = p, (sim, entry)
         else:

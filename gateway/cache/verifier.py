@@ -59,18 +59,32 @@ class Verifier:
         """Candidates below this cosine are never verified (the model never saw them)."""
 
     def probability(self, query: str, candidate: str, cosine: float) -> float:
-        if identical(query, candidate):
-            return 1.0
-        return self.probability_of(features(query, candidate, cosine))
+        return self.probabilities(query, [(candidate, cosine)])[0]
+
+    def probabilities(self, query: str, candidates: list[tuple[str, float]]) -> list[float]:
+        """The probability for each (cached question, cosine), the trees walked once for all:
+        a lookup judges up to top_k candidates, and the walk costs the same for one or four."""
+        out = [1.0 if identical(query, c) else -1.0 for c, _ in candidates]
+        todo = [i for i, p in enumerate(out) if p < 0]
+        if todo:
+            xs = [features(query, candidates[i][0], candidates[i][1]) for i in todo]
+            for i, p in zip(todo, self.probabilities_of(xs), strict=True):
+                out[i] = p
+        return out
 
     def probability_of(self, x: list[float]) -> float:
-        xs = np.asarray(x, dtype=self._dtype)
-        rows, node = self._rows, np.zeros(len(self._rows), dtype=np.intp)
+        return self.probabilities_of([x])[0]
+
+    def probabilities_of(self, xs: list[list[float]]) -> list[float]:
+        x = np.asarray(xs, dtype=self._dtype)  # (pairs, features)
+        rows = self._rows
+        pair = np.arange(len(x))[:, None]
+        node = np.zeros((len(x), len(rows)), dtype=np.intp)
         for _ in range(self._depth):
-            go_left = xs[self._feature[rows, node]] <= self._threshold[rows, node]
+            go_left = x[pair, self._feature[rows, node]] <= self._threshold[rows, node]
             node = np.where(go_left, self._left[rows, node], self._right[rows, node])
-        score = self.init + self.rate * float(self._value[rows, node].sum())
-        return 1.0 / (1.0 + math.exp(-score))
+        scores = self.init + self.rate * self._value[rows, node].sum(axis=1)
+        return [1.0 / (1.0 + math.exp(-float(s))) for s in scores]
 
 
 @cache

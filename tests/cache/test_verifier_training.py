@@ -78,3 +78,21 @@ def test_exported_model_scores_as_trained(learner: str) -> None:
     expected = model.predict_proba(x)[:, 1]
     got = np.array([runtime.probability_of(list(row)) for row in x])
     assert np.abs(got - expected).max() < 1e-5
+
+
+def test_candidates_judged_together_score_as_alone() -> None:
+    from gateway.cache.verifier import default_verifier
+
+    v = default_verifier()
+    asked = "How do I reset my password on my phone?"
+    candidates = [
+        ("How do I reset my password on my phone?", 0.99),  # identical: 1.0 without the model
+        ("How can I change my phone password?", 0.91),
+        ("How do I reset my phone to factory settings?", 0.84),
+        ("What is a strong password?", 0.66),
+    ]
+    together = v.probabilities(asked, candidates)
+    alone = [v.probability(asked, c, cos) for c, cos in candidates]
+    assert together[0] == 1.0
+    assert together == pytest.approx(alone, abs=1e-12)
+    assert v.probabilities(asked, []) == []
