@@ -65,6 +65,34 @@ def test_int8_vectors_are_their_own_family_and_close_to_the_packaged_ones(
     assert np.array_equal(fast.embed([TEXTS[0]]), fast.embed([TEXTS[0]]))
 
 
+def test_a_text_gets_the_same_vector_whatever_it_is_batched_with(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The int8 model's activation scale is set per model call: a text embedded beside a
+    # longer one used to come back at cosine ~0.995 to its own vector, so a question's
+    # cache decision depended on what else was in flight.
+    monkeypatch.setenv("GATEWAY_MODEL_CACHE", str(built.parent))
+    emb = OnnxEmbedder()
+    alone = np.vstack([emb.embed([t]) for t in TEXTS])
+    together = emb.embed(TEXTS)
+    reversed_ = emb.embed(TEXTS[::-1])[::-1]
+    assert np.array_equal(alone, together)
+    assert np.array_equal(alone, reversed_)
+
+
+def test_the_onnx_vectors_are_the_sentence_transformers_ones() -> None:
+    # The reference: the same MiniLM through sentence-transformers (fp32, masked mean). A
+    # tokenizer that pads (the packaged file's own setting) would pool the pads in: unrelated
+    # questions then came out at cosine ~0.7.
+    pytest.importorskip("sentence_transformers")
+    from gateway.cache.embedder import TorchEmbedder
+
+    reference = TorchEmbedder().embed(TEXTS)
+    packaged = OnnxEmbedder(quantized=False).embed(TEXTS)
+    assert (reference * packaged).sum(axis=1).min() > 0.999
+    assert np.abs(reference @ reference.T - packaged @ packaged.T).max() < 0.01
+
+
 def test_unwritable_cache_falls_back_to_the_packaged_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
