@@ -92,8 +92,43 @@ def evaluate(name: str, pairs: list[Pair]) -> dict:
             "default_hit": float(served[labels == 1].mean()),
             "default_false": float(served[labels == 0].mean()),
             "false_hits_by_kind": wrong_kinds,
+            "by_cosine": by_cosine(pairs, served),
         }
     return result
+
+
+BANDS = ((0.0, 0.80), (0.80, 0.88), (0.88, 1.01))
+
+
+def by_cosine(pairs: list[Pair], served: np.ndarray) -> dict[str, dict[str, float]]:
+    """Default hit and false-hit rates within cosine bands: what a decider adds where plain
+    cosine cannot separate (a public set's paraphrases may sit mostly in one band)."""
+    out = {}
+    for lo, hi in BANDS:
+        inside = np.array([lo <= p.cosine < hi for p in pairs])
+        pos = inside & np.array([p.label == 1 for p in pairs])
+        neg = inside & ~pos
+        out[f"{lo:.2f}-{min(hi, 1.0):.2f}"] = {
+            "same": int(pos.sum()),
+            "other": int(neg.sum()),
+            "hit": float(served[pos].mean()) if pos.any() else 0.0,
+            "false": float(served[neg].mean()) if neg.any() else 0.0,
+        }
+    return out
+
+
+def band_markdown(results: dict[str, dict], decider: str = "verifier") -> str:
+    lines = ["| set | cosine band | pairs: same / other | verifier default: hits / false hits |",
+             "|---|---|---|---|"]  # fmt: skip
+    for set_name, r in results.items():
+        label = set_name
+        for band, b in r["deciders"][decider]["by_cosine"].items():
+            lines.append(
+                f"| {label} | {band} | {b['same']} / {b['other']} | "
+                f"{b['hit']:.1%} / {b['false']:.1%} |"
+            )
+            label = ""
+    return "\n".join(lines)
 
 
 def markdown(results: dict[str, dict]) -> str:
@@ -159,7 +194,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cosine-cache", default="", help="JSON file memoising pair cosines")
     ap.add_argument("--out-dir", default=str(OUT))
+    ap.add_argument("--model", default="", help="another verifier model file (side-by-side runs)")
     args = ap.parse_args()
+    if args.model:
+        from gateway.cache import verifier
+
+        verifier.MODEL_PATH = Path(args.model)
     t0 = time.perf_counter()
     sets = {
         "near_misses.tsv (hand-written)": load_near_misses(),
@@ -192,6 +232,8 @@ def main() -> None:
     md = (
         "# Semantic cache quality (holdout; never trained or tuned on)\n\n"
         + markdown(results)
+        + "\n\n"
+        + band_markdown(results)
         + "\n\n"
         + "\n".join(lines)
         + f"\n\n{len(everything)} pairs in {time.perf_counter() - t0:.0f} s.\n"

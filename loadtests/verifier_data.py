@@ -3,9 +3,9 @@
 Sources (all public or written here, none from a benchmark the held-out evaluation uses):
 - PAWS-Wiki *dev* (`/work/shared/data/paws_wiki/dev.tsv`, word-swap paraphrases and non-paraphrases);
 - `loadtests/data/chat_pairs.tsv` (generated chat questions, `build_chat_pairs.py`);
-- `loadtests/data/written/*.tsv` (chat questions written by hand, four domains: heavy rewordings
-  as paraphrases, and hard negatives that share the topic: another aspect, entity, number,
-  direction, role, antonym or operator);
+- `loadtests/data/written/*.tsv` (chat questions written by hand, 28 files of one domain or style
+  each: heavy rewordings as paraphrases, and hard negatives that share the topic: another
+  aspect, entity, number, direction, role, antonym or operator);
 - pairs derived from the training split only (`augment`): a question against itself, and a
   question against a copy with one meaning flip (antonym, direction, operator, number, negation,
   swapped names);
