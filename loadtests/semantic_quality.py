@@ -3,7 +3,7 @@
 Protocol, per pair: the first sentence is the cached question (alone in its namespace), the second
 is asked; a hit on a label-1 pair is right, a hit on a label-0 pair is a false hit. Scored per set
 (the holdout split of PAWS-Wiki dev, of chat_pairs.tsv and of the hand-written written/*.tsv, and
-all of the hand-written near_misses.tsv; see loadtests/verifier_data.py) for four deciders:
+all of the hand-written near_misses.tsv and unseen/*.tsv; see loadtests/verifier_data.py) for four deciders:
 
 - floor: plain cosine of the cache's embedder (MiniLM) against a threshold;
 - guards: cosine threshold, then the lexical near-miss guards (gateway/cache/guards.py);
@@ -38,7 +38,14 @@ from gateway.cache import guards
 from gateway.cache.semantic_settings import GuardSettings
 from gateway.cache.verifier import default_verifier
 from loadtests.train_verifier import embed_cosines
-from loadtests.verifier_data import Pair, load_chat, load_near_misses, load_paws, load_written
+from loadtests.verifier_data import (
+    Pair,
+    load_chat,
+    load_near_misses,
+    load_paws,
+    load_unseen,
+    load_written,
+)
 
 OUT = Path(__file__).parent / "data" / "results"
 RATES = (0.01, 0.02, 0.05)
@@ -205,6 +212,7 @@ def main() -> None:
         "near_misses.tsv (hand-written)": load_near_misses(),
         "chat_pairs.tsv holdout": [p for p in load_chat() if p.split == "holdout"],
         "written/*.tsv holdout": [p for p in load_written() if p.split == "holdout"],
+        "unseen/*.tsv (domains never trained on)": load_unseen(),
         "PAWS-Wiki dev holdout": [p for p in load_paws() if p.split == "holdout"],
     }
     everything = [p for pairs in sets.values() for p in pairs]

@@ -1,4 +1,4 @@
-"""Verifier models side by side on the written holdout, by the file a pair comes from.
+"""Verifier models side by side on the written holdout (and unseen/), by the file a pair comes from.
 
 Shows whether a model's hit rate holds on domains it was not trained on: group the written files
 (`--group NAME=stem,stem`; files in no group form "other files") and score each model at its own
@@ -20,7 +20,7 @@ import numpy as np
 
 from gateway.cache.verifier import MODEL_PATH, Verifier
 from loadtests.train_verifier import embed_cosines
-from loadtests.verifier_data import Pair, load_written
+from loadtests.verifier_data import Pair, load_unseen, load_written
 
 
 def rates(v: Verifier, pairs: list[Pair]) -> tuple[float, float]:
@@ -46,11 +46,13 @@ def main() -> None:
         name: {s if s.startswith("pairs_") else f"pairs_{s}" for s in stems.split(",")}
         for name, stems in (g.split("=", 1) for g in args.group)
     }
-    pairs = [p for p in load_written() if p.split == "holdout"]
+    pairs = [p for p in load_written() if p.split == "holdout"] + load_unseen()
     cache = Path(args.cosine_cache) if args.cosine_cache else None
     asyncio.run(embed_cosines(pairs, cache=cache))
 
     def group_of(p: Pair) -> str:
+        if p.source == "unseen":
+            return "unseen/ (every pair)"
         return next(
             (n for n, stems in groups.items() if Path(p.origin).stem in stems), "other files"
         )
@@ -61,7 +63,7 @@ def main() -> None:
     }
     print("| written holdout | pairs: same / other | " + " | ".join(verifiers) + " |")
     print("|---|---|" + "---|" * len(verifiers))
-    for name in ["other files", *groups]:
+    for name in ["other files", *groups, "unseen/ (every pair)"]:
         sel = [p for p in pairs if group_of(p) == name]
         if not sel:
             continue
