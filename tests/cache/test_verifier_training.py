@@ -96,3 +96,19 @@ def test_candidates_judged_together_score_as_alone() -> None:
     assert together[0] == 1.0
     assert together == pytest.approx(alone, abs=1e-12)
     assert v.probabilities(asked, []) == []
+
+
+def test_the_unseen_set_is_evaluation_only_and_shares_nothing_with_training() -> None:
+    from loadtests.verifier_data import load_chat, load_unseen, load_written
+
+    unseen = load_unseen()
+    assert len(unseen) > 1000
+    assert {p.split for p in unseen} == {"holdout"} and {p.source for p in unseen} == {"unseen"}
+    trained = {t.lower() for p in load_written() + load_chat() for t in (p.s1, p.s2)}
+    assert not {t.lower() for p in unseen for t in (p.s1, p.s2)} & trained
+    # and the trainer never loads it
+    import inspect
+
+    import loadtests.train_verifier as tv
+
+    assert "load_unseen" not in inspect.getsource(tv)
