@@ -1,4 +1,4 @@
-"""Verifier models side by side on the written holdout (and unseen/), by the file a pair comes from.
+"""Verifier models side by side on the written holdout and unseen/, by the file of each pair.
 
 Shows whether a model's hit rate holds on domains it was not trained on: group the written files
 (`--group NAME=stem,stem`; files in no group form "other files") and score each model at its own

@@ -142,9 +142,8 @@ class OnnxEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         # One model call per text. The int8 model quantises activations with one scale per
         # call, so a text embedded beside others got another vector (cosine ~0.995 to its
-        # own): the same question must get the same vector whatever else is in flight. It
-        # costs nothing: with int8 a batch takes the sum of its texts' time, and unpadded
-        # single calls measured faster (400 questions: 0.89 s one by one, 1.00 s in eights).
+        # own): the same question must get the same vector whatever else is in flight. Alone
+        # it is no slower; under 16 clients it costs 7-11% of hits/s (BENCHMARKS.md).
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for i, enc in enumerate(self._tok.encode_batch(texts)):
             ids = np.array([enc.ids], dtype=np.int64)
