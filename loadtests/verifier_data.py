@@ -10,7 +10,7 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
   question against a copy with one meaning flip (antonym, direction, operator, number, negation,
   swapped names);
 - `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
-  or tuned on;
+  or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
 
@@ -125,6 +125,15 @@ def load_unseen() -> list[Pair]:
     ]
 
 
+def load_order_probe() -> list[Pair]:
+    """Hand-written (2026-12-05), evaluation only: things in another order that keep the
+    question ("TCP and UDP" / "UDP and TCP") or change it (roles, an operator's place in code),
+    meaning flips, spellings of one name. Its first 50 pairs found the problem with derived name
+    swaps (mislabelled as other questions); the last 40 were written after that fix was designed
+    and before the model was retrained."""
+    return load_tsv("order_probe.tsv", "order_probe", split="holdout")
+
+
 def load_near_misses() -> list[Pair]:
     """Hand-written set, evaluation only: every pair is in the holdout split."""
     return load_tsv("near_misses.tsv", "near_misses", split="holdout")
@@ -143,7 +152,9 @@ _FLIPS = [
     ("show", "hide"), ("on", "off"), ("up", "down"), ("inside", "outside"),
 ]  # fmt: skip
 _FLIP = {a: b for a, b in _FLIPS} | {b: a for a, b in _FLIPS}
-_OPS = {"<": ">", ">": "<", "<=": ">=", ">=": "<=", "==": "!=", "!=": "==", "+": "-", "-": "+"}
+# Each operator and the ones that ask something else: the mirror image and the off-by-one.
+_OPS = {"<": [">", "<="], ">": ["<", ">="], "<=": [">=", "<"], ">=": ["<=", ">"],
+        "==": ["!="], "!=": ["=="], "+": ["-"], "-": ["+"]}  # fmt: skip
 _NEG = [
     (r"\bcan I\b", "can't I"), (r"\bCan I\b", "Can't I"), (r"\bis it\b", "is it not"),
     (r"\bIs it\b", "Is it not"), (r"\bdoes\b", "doesn't"), (r"\bDoes\b", "Doesn't"),
@@ -157,6 +168,10 @@ _SYNTH_OPS = [
     "Why is x {op} {n} false when x is {m}?",
     "Write a SQL query returning orders where {c} {op} {n}",
     "In Python, what does {c} {op} {n} return?",
+    "Why is my for loop in JavaScript skipping items when I use i {op} {c}.length?",
+    "My if statement checking {c} {op} {n} never runs even though the value looks right, why?",
+    "How do I write a pandas filter that keeps only the rows where {c} {op} {n} and drops the rest?",
+    "In a bash script, how do I test that ${c} {op} {n} before the loop starts?",
 ]
 _COLS = ["age", "price", "total", "score", "count", "x", "amount", "size"]
 # Two conditions joined by "and" or "or": a filter's logic, one word apart.
@@ -193,14 +208,71 @@ def _flip_word(text: str, rng: random.Random) -> str | None:
     return text[:p] + new + text[p + len(w) :]
 
 
-def _swap_names(text: str, rng: random.Random) -> str | None:
-    caps = [m for m in re.finditer(r"(?<!^)(?<![.?!] )\b[A-Z][a-z]+\b", text)]
-    names = list(dict.fromkeys(m.group() for m in caps))
+# Swaps that keep the question: two coordinated names ("between Milan and Barcelona", "Canon or
+# Nikon") or two phrases of one preposition in a row ("in Milan in March" / "in March in Milan").
+# Any other swap of two names changes who does what ("Did Brazil beat Germany").
+_COORDINATED = re.compile(r"^(?:,? (?:and|or|vs\.?|versus|&)|,) $", re.IGNORECASE)
+_ORDERED = re.compile(r"\b(?:then|respectively|followed|first|from|before|after)\b", re.IGNORECASE)
+# A name: capitalised words in a row ("Los Angeles", "Emily Dickinson"), swapped whole.
+_NAME = re.compile(r"(?<!^)(?<![.?!] )\b[A-Z][a-z]+(?: [A-Z][a-z]+)*\b")
+
+
+def _harmless_swap(text: str, x: re.Match, y: re.Match) -> bool:
+    between = text[x.end() : y.start()]
+    if _COORDINATED.match(between):
+        return not _ORDERED.search(text)
+    before = text[: x.start()].split()
+    prep = between.strip().lower()
+    return prep in ("in", "on", "at", "during") and bool(before) and before[-1].lower() == prep
+
+
+def _swap_names(text: str, rng: random.Random) -> tuple[str, int] | None:
+    """Two names exchanged, and whether the question stays the same (1) or not (0). Names one
+    "of" apart are one name ("Battle of Gettysburg") and are left alone."""
+    found: dict[str, re.Match] = {}
+    for m in _NAME.finditer(text):
+        found.setdefault(m.group(), m)
+    names = list(found)
     if len(names) < 2:
         return None
     a, b = rng.sample(names, 2)
-    return re.sub(rf"\b({re.escape(a)}|{re.escape(b)})\b", lambda m: b if m.group() == a else a,
-                  text)  # fmt: skip
+    x, y = sorted((found[a], found[b]), key=lambda m: m.start())
+    if text[x.end() : y.start()].strip().lower() in ("", "of", "of the", "'s"):
+        return None
+    swapped = re.sub(rf"\b({re.escape(a)}|{re.escape(b)})\b",
+                     lambda m: b if m.group() == a else a, text)  # fmt: skip
+    harmless = _harmless_swap(text, x, y)
+    if harmless and not _COORDINATED.match(text[x.end() : y.start()]):
+        return None  # a moved phrase: not taught either way (PAWS moves phrases to mislead)
+    return swapped, int(harmless)
+
+
+# Two things on either side of "and"/"or"/"vs" after "between", "both", "mix" or a comma, the
+# second one ending the phrase: the same question in the other order ("the difference between
+# TCP and UDP", "Which is better, Canon or Nikon?").
+_CONJUNCTS = re.compile(
+    r"\b(?:between|both|mix|mixing|compare|comparing|combine|combining) "
+    r"|, (?:either )?"
+)
+_PAIR = re.compile(
+    r"((?:(?:the|a|an) )?[A-Za-z][\w+#-]*)( (?:and|or|vs\.?|versus|&) )"
+    r"((?:(?:the|a|an) )?[A-Za-z][\w+#-]*)"
+    r"(?=[?.,!;:]|$| (?:in|for|on|at|together|when|if|with|to|as|cholesterol)\b)"
+)
+
+
+def _swap_conjuncts(text: str, rng: random.Random) -> str | None:
+    if _ORDERED.search(text):
+        return None
+    options = []
+    for frame in _CONJUNCTS.finditer(text):
+        m = _PAIR.match(text, frame.end())
+        if m and m.group(1).lower() != m.group(3).lower() and len(m.group(3)) > 1:
+            options.append(m)
+    if not options:
+        return None
+    m = rng.choice(options)
+    return text[: m.start()] + m.group(3) + m.group(2) + m.group(1) + text[m.end() :]
 
 
 def _other_number(text: str, rng: random.Random) -> str | None:
@@ -254,17 +326,24 @@ def augment(pairs: list[Pair], seed: int = 11) -> list[Pair]:
             variants["light_edit"] = edited
         for kind, text in variants.items():
             out.append(Pair(q, text, 1, kind, "derived"))
-        for kind, fn in (("antonym", _flip_word), ("swap", _swap_names),
-                         ("number", _other_number), ("negation", _negate)):  # fmt: skip
+        for kind, fn in (("antonym", _flip_word), ("number", _other_number),
+                         ("negation", _negate)):  # fmt: skip
             changed = fn(q, rng)
             if changed and changed != q:
                 out.append(Pair(q, changed, 0, kind, "derived"))
-    for i in range(240):
+        swap = _swap_names(q, rng)
+        if swap and swap[0] != q:
+            out.append(Pair(q, swap[0], swap[1], "swap_same" if swap[1] else "swap", "derived"))
+        conjuncts = _swap_conjuncts(q, rng)
+        if conjuncts and conjuncts != q:
+            out.append(Pair(q, conjuncts, 1, "swap_same", "derived"))
+    for i in range(360):
         c, n, m = rng.choice(_COLS), rng.randrange(1, 500), rng.randrange(1, 500)
         template = rng.choice(_SYNTH_OPS)
         op = rng.choice(list(_OPS))
         base = template.format(c=c, op=op, n=n, m=m)
-        out.append(Pair(base, template.format(c=c, op=_OPS[op], n=n, m=m), 0, "operator",
+        other = rng.choice(_OPS[op])
+        out.append(Pair(base, template.format(c=c, op=other, n=n, m=m), 0, "operator",
                         "derived"))  # fmt: skip
         out.append(Pair(base, base.replace(f" {op} ", f"{op}", 1) if i % 2 else base.lower(), 1,
                         "operator_same", "derived"))  # fmt: skip

@@ -20,6 +20,8 @@ from gateway.cache.semantic_settings import GuardSettings
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?")
 _NOT_WORD = re.compile(r"[^\w+#]|_")
 _OPERATOR = re.compile(r"<=|>=|==|!=|<>|=>|->|[<>]|(?<=[\w)\s])[+*/%^](?=[\s\w(])|\s-\s")
+_COMPARISONS = frozenset(["<", ">", "<=", ">=", "==", "!=", "<>", "=>", "->"])
+_TOKEN = re.compile(f"{_OPERATOR.pattern}|{_WORD.pattern}")
 _CAPS = re.compile(r"(?<![\w.])[A-Z][\w.+#-]*|(?<![\w.])[a-z]+[A-Z][\w.+#-]*")
 
 _STOP = frozenset(
@@ -513,7 +515,9 @@ class _Text:
         self.raw = raw
         lower = raw.lower()
         self.lower = lower
-        words = [_ALIASES.get(w, w) for w in " ".join(map(_expand, _WORD.findall(lower))).split()]
+        # operators are words too: `x == None` / `x is None` swapped around "but" must differ
+        tokens = [t.strip() for t in _TOKEN.findall(lower)]
+        words = [_ALIASES.get(w, w) for w in " ".join(map(_expand, tokens)).split()]
         words = " ".join(words).split()  # aliases may be several words
         self.words = words
         self.content = [_stem(w) for w in words if w not in _STOP and not w.isdigit()]
@@ -528,7 +532,9 @@ class _Text:
         negs += sum(1 for w in words if w.endswith(("n't", "n’t")))
         negs += len(_ABSENCE.findall(lower))
         self.negations = negs
-        self.operators = tuple(sorted(o.strip() for o in _OPERATOR.findall(raw)))
+        # comparisons only: a " - " or "+" is as often a dash or "and" in chat as arithmetic
+        self.operators = tuple(sorted(o for o in map(str.strip, _OPERATOR.findall(raw))
+                                      if o in _COMPARISONS))  # fmt: skip
         self.entities = [
             _NOT_WORD.sub("", e.lower())
             for e in _CAPS.findall(raw)

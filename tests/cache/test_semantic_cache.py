@@ -95,6 +95,44 @@ async def test_near_misses_rejected_by_the_verifier(
     assert (await cache.lookup(NS, stored)).outcome == "hit"  # a text always matches itself
 
 
+# The order of two things joined by "and"/"or"/"vs" is not the question ("the difference between
+# TCP and UDP"); the order of two roles is ("from X to Y", "X beat Y"), and so is an operator's
+# place in code. (These were written for this test, not taken from the training files.)
+SAME_IN_ANOTHER_ORDER = [
+    ("What is the difference between TCP and UDP?", "What is the difference between UDP and TCP?"),
+    ("AWS vs Azure for a small startup?", "Azure vs AWS for a small startup?"),
+    ("How far apart are Tokyo and Osaka?", "How far apart are Osaka and Tokyo?"),
+]
+ROLES_SWAPPED = [
+    ("Did France invade England in 1066?", "Did England invade France in 1066?"),
+    ("How do I export contacts from Outlook to Gmail?",
+     "How do I export contacts from Gmail to Outlook?"),
+    ("Why does `x == None` fail but `x is None` works?",
+     "Why does `x is None` fail but `x == None` works?"),
+    ("How do I keep rows where price >= 100 in pandas?",
+     "How do I keep rows where price > 100 in pandas?"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("stored", "asked"), SAME_IN_ANOTHER_ORDER)
+async def test_coordinated_things_in_another_order_are_served(
+    worker: AsyncEmbedder, stored: str, asked: str
+) -> None:
+    cache = SemanticCache(_settings(), worker=worker)
+    await cache.store(NS, stored, b"x")
+    assert (await cache.lookup(NS, asked)).outcome == "hit"
+
+
+@pytest.mark.parametrize(("stored", "asked"), ROLES_SWAPPED)
+async def test_swapped_roles_and_operators_are_refused(
+    worker: AsyncEmbedder, stored: str, asked: str
+) -> None:
+    cache = SemanticCache(_settings(), worker=worker)
+    await cache.store(NS, stored, b"x")
+    res = await cache.lookup(NS, asked)
+    assert res.outcome == "rejected" and res.reason == "verifier"
+
+
 @pytest.mark.parametrize(("stored", "asked", "reason"), NEAR_MISSES)
 async def test_near_misses_rejected_by_guards(
     worker: AsyncEmbedder, stored: str, asked: str, reason: str

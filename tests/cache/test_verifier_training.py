@@ -112,3 +112,44 @@ def test_the_unseen_set_is_evaluation_only_and_shares_nothing_with_training() ->
     import loadtests.train_verifier as tv
 
     assert "load_unseen" not in inspect.getsource(tv)
+    assert "load_order_probe" not in inspect.getsource(tv)
+    assert "order_probe" not in inspect.getsource(__import__("loadtests.verifier_data").verifier_data.augment)
+
+
+def test_derived_name_swaps_are_labelled_by_what_they_change() -> None:
+    """Two coordinated names exchanged keep the question (label 1); two roles exchanged do not
+    (label 0); a phrase moved ("in Milan in March") is not taught either way; the parts of one
+    name are never split ("Los Angeles")."""
+    import random
+
+    from loadtests.verifier_data import _swap_conjuncts, _swap_names
+
+    rng = random.Random(0)
+    assert _swap_names("What's the distance between Milan and Barcelona?", rng) == (
+        "What's the distance between Barcelona and Milan?", 1)  # fmt: skip
+    assert _swap_names("Which is older, Oxford or Cambridge?", rng) == (
+        "Which is older, Cambridge or Oxford?", 1)  # fmt: skip
+    assert _swap_names("Did Spain beat Argentina in the final?", rng) == (
+        "Did Argentina beat Spain in the final?", 0)  # fmt: skip
+    assert _swap_names("How long is the ferry from Dover to Calais?", rng) == (
+        "How long is the ferry from Calais to Dover?", 0)  # fmt: skip
+    assert _swap_names("What's the weather like in Milan in March?", rng) is None
+    assert _swap_names("Why was the Battle of Gettysburg a turning point?", rng) is None
+    assert _swap_names("What is the time difference between London and Los Angeles?", rng) == (
+        "What is the time difference between Los Angeles and London?", 1)  # fmt: skip
+    assert _swap_conjuncts("What's the difference between a cold and the flu?", rng) == (
+        "What's the difference between the flu and a cold?")  # fmt: skip
+    assert _swap_conjuncts("Is it safe to mix bleach and ammonia?", rng) == (
+        "Is it safe to mix ammonia and bleach?")  # fmt: skip
+    # "baking soda and vinegar": the first thing is two words, so no swap is attempted
+    assert _swap_conjuncts("What happens when you mix baking soda and vinegar?", rng) is None
+    assert _swap_conjuncts("How do I move from Windows and macOS to Linux?", rng) is None
+
+
+def test_operators_are_words_and_only_comparisons_count_as_operators() -> None:
+    from gateway.cache.pair_features import _text
+
+    t = _text("Why does `x == None` fail but `x is None` works?")
+    assert t.words == ["why", "does", "x", "==", "none", "fail", "but", "x", "is", "none", "works"]
+    assert t.operators == ("==",)
+    assert _text("sliced apple going brown - what causes it").operators == ()
