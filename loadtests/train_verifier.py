@@ -1,12 +1,13 @@
 """Train the semantic cache's verifier and write gateway/cache/verifier_model.json.
 
-    python -m loadtests.train_verifier [--trees 300] [--depth 4] [--target-false 0.03]
+    python -m loadtests.train_verifier --cosine-cache /tmp/cos.json [--trees 300] [--seeds 0,1,2]
 
-Data and splits: `loadtests.verifier_data` (PAWS-Wiki dev, chat_pairs.tsv, pairs derived from the
-training split). The model is fit on the train split; the decision threshold is the lowest
-probability whose false-hit rate on the tune split's chat pairs stays at or under
-`--target-false` (and on its PAWS pairs at or under 5%). The holdout split and near_misses.tsv are
-never used here. Deterministic (fixed seeds); needs scikit-learn (training only, not at run time).
+Data and splits: `loadtests.verifier_data` (PAWS-Wiki dev, chat_pairs.tsv, written/*.tsv, pairs
+derived from and negatives mined in the training split). One model per seed is fit on the train
+split and their log-odds averaged (`Bagged`); the decision threshold is the lowest probability
+whose results on the tune split meet the goals (see `main`). The holdout split, unseen/,
+near_misses.tsv and order_probe.tsv are never used here. Deterministic (fixed seeds); needs
+scikit-learn (training only, not at run time).
 """
 
 from __future__ import annotations
@@ -124,6 +125,31 @@ def export_hgb(model, threshold: float, meta: dict) -> dict:  # type: ignore[no-
     }
 
 
+class Bagged:
+    """Gradient-boosted models fit with other seeds (row subsamples), their log-odds averaged.
+
+    One seed's model is one draw: on the tune split, single seeds differed by up to 4 points of
+    hits at 1-2% false hits and 1 point of shared-cache answers; the average of three is steadier
+    and no seed's luck is shipped. It exports as one table: the mean of the models' log-odds is
+    init + (rate / n) * the sum of all their trees (they share init, the weighted class prior)."""
+
+    def __init__(self, models: list) -> None:  # type: ignore[type-arg]
+        self.models = models
+        first = models[0]
+        self.learning_rate = first.learning_rate / len(models)
+        self.max_depth = first.max_depth
+        self.init_ = first.init_
+        self.estimators_ = np.concatenate([m.estimators_ for m in models])
+        self.feature_importances_ = np.mean([m.feature_importances_ for m in models], axis=0)
+
+    def decision_function(self, x: np.ndarray) -> np.ndarray:
+        return np.mean([m.decision_function(x) for m in self.models], axis=0)
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        p = 1.0 / (1.0 + np.exp(-self.decision_function(x)))
+        return np.column_stack([1.0 - p, p])
+
+
 def export(model, threshold: float, meta: dict) -> dict:  # type: ignore[no-untyped-def]
     if not hasattr(model, "estimators_"):
         return export_hgb(model, threshold, meta)
@@ -231,6 +257,7 @@ def main() -> None:
     ap.add_argument("--mined", type=int, default=2, help="nearest other questions per question")
     ap.add_argument("--leaves", type=int, default=15, help="hgb: leaves per tree")
     ap.add_argument("--monotone", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--seeds", default="0,1,2", help="gbt: one model per seed, averaged")
     args = ap.parse_args()
     from sklearn.ensemble import GradientBoostingClassifier, HistGradientBoostingClassifier
 
@@ -255,7 +282,7 @@ def main() -> None:
     # PAWS (long wiki sentences) would outweigh the chat questions 10 to 1: equal total weight.
     paws = np.array([p.source == "paws" for p in train])
     w = np.where(paws, (~paws).sum() / max(paws.sum(), 1), 1.0)
-    model: GradientBoostingClassifier | HistGradientBoostingClassifier
+    model: Bagged | HistGradientBoostingClassifier
     if args.learner == "hgb":
         model = HistGradientBoostingClassifier(
             max_iter=args.trees,
@@ -266,15 +293,20 @@ def main() -> None:
             early_stopping=False,
             random_state=0,
         )
+        model.fit(x, y, sample_weight=w)
     else:
-        model = GradientBoostingClassifier(
-            n_estimators=args.trees,
-            max_depth=args.depth,
-            learning_rate=args.rate,
-            subsample=0.8,
-            random_state=0,
+        model = Bagged(
+            [
+                GradientBoostingClassifier(
+                    n_estimators=args.trees,
+                    max_depth=args.depth,
+                    learning_rate=args.rate,
+                    subsample=0.8,
+                    random_state=int(seed),
+                ).fit(x, y, sample_weight=w)
+                for seed in args.seeds.split(",")
+            ]
         )
-    model.fit(x, y, sample_weight=w)
     pt = model.predict_proba(matrix(tune))[:, 1]
     yt = np.array([p.label for p in tune])
     groups = {
@@ -325,6 +357,7 @@ def main() -> None:
         "pairs": {"train": len(train), "tune": len(tune)},
         "learner": args.learner,
         "trees": args.trees,
+        "seeds": args.seeds if args.learner == "gbt" else "0",
         "depth": args.depth,
         "goals_tune": {
             "wrong": args.max_wrong,

@@ -30,29 +30,30 @@ class Verifier:
             raise ValueError("verifier model was trained on other features; retrain it")
         self.init = float(model["init"])
         self.rate = float(model["learning_rate"])
-        # All trees as one padded table, walked together with numpy: a leaf points to itself, so
-        # `depth` steps from the roots land every tree on its leaf (~20 µs for 300 trees).
+        # Every tree padded to a complete tree of the model's depth (a leaf above the bottom
+        # becomes splits that always go left), stored in heap order: from node i a pair goes to
+        # 2i+1 or 2i+2. Each distinct split is compared once per pair, then all trees are walked
+        # together with one gather per level (~70 us for 900 trees and one pair; walking the
+        # trees' own node tables took 1.3-1.6x as long, measured side by side).
         trees = model["trees"]
-        width = max(len(t["feature"]) for t in trees)
-        n = len(trees)
-        self._feature = np.zeros((n, width), dtype=np.intp)
-        self._threshold = np.full((n, width), np.inf)
-        self._left = np.tile(np.arange(width), (n, 1))
-        self._right = self._left.copy()
-        self._value = np.zeros((n, width))
-        for i, t in enumerate(trees):
-            for node, (f, th, lo, hi, v) in enumerate(
-                zip(t["feature"], t["threshold"], t["left"], t["right"], t["value"], strict=True)
-            ):
-                self._value[i, node] = v
-                if lo >= 0:
-                    self._feature[i, node], self._threshold[i, node] = f, th
-                    self._left[i, node], self._right[i, node] = lo, hi
-        self._depth = int(model.get("depth", 0)) or width
-        self._rows = np.arange(n)
+        self._depth = int(model.get("depth", 0)) or max(_depth_of(t) for t in trees)
+        if not 1 <= self._depth <= 12:  # the padded table holds 2**depth leaves per tree
+            raise ValueError(f"verifier model: depth {self._depth} is outside 1..12")
         # scikit-learn's GradientBoosting trees compare float32 inputs: compare the same values,
         # or a feature within a float32 rounding of a split goes the other way.
         self._dtype = np.float32 if model.get("input") == "float32" else np.float64
+        inner, leaves = 2**self._depth - 1, 2**self._depth
+        splits: dict[tuple[int, float], int] = {(0, math.inf): 0}  # 0: always left
+        self._split = np.zeros((len(trees), inner), dtype=np.intp)
+        self._value = np.zeros((len(trees), leaves))
+        for i, t in enumerate(trees):
+            _pad(t, 0, 0, 0, self._depth, splits, self._split[i], self._value[i])
+        self._split_feature = np.array([f for f, _ in splits], dtype=np.intp)
+        self._split_threshold = np.array([th for _, th in splits])
+        self._offset = (np.arange(len(trees)) * inner)[None, :]
+        self._flat_split = self._split.ravel()
+        self._flat_value = self._value.ravel()
+        self._leaf_offset = (np.arange(len(trees)) * leaves)[None, :]
         self.threshold = float(model["threshold"])
         """Default decision threshold on the probability (chosen on the tune split)."""
         self.retrieval_floor = float(model["retrieval_floor"])
@@ -77,14 +78,47 @@ class Verifier:
 
     def probabilities_of(self, xs: list[list[float]]) -> list[float]:
         x = np.asarray(xs, dtype=self._dtype)  # (pairs, features)
-        rows = self._rows
+        right = x[:, self._split_feature] > self._split_threshold  # (pairs, splits)
         pair = np.arange(len(x))[:, None]
-        node = np.zeros((len(x), len(rows)), dtype=np.intp)
+        node = np.zeros((len(x), self._offset.shape[1]), dtype=np.intp)
         for _ in range(self._depth):
-            go_left = x[pair, self._feature[rows, node]] <= self._threshold[rows, node]
-            node = np.where(go_left, self._left[rows, node], self._right[rows, node])
-        scores = self.init + self.rate * self._value[rows, node].sum(axis=1)
+            node = 2 * node + 1 + right[pair, self._flat_split[self._offset + node]]
+        leaf = node - (2**self._depth - 1)
+        scores = self.init + self.rate * self._flat_value[self._leaf_offset + leaf].sum(axis=1)
         return [1.0 / (1.0 + math.exp(-float(s))) for s in scores]
+
+
+def _depth_of(tree: dict, node: int = 0) -> int:
+    if tree["left"][node] < 0:
+        return 0
+    return 1 + max(_depth_of(tree, tree["left"][node]), _depth_of(tree, tree["right"][node]))
+
+
+def _pad(
+    tree: dict,
+    node: int,
+    heap: int,
+    level: int,
+    depth: int,
+    splits: dict[tuple[int, float], int],
+    split_of: np.ndarray,
+    value_of: np.ndarray,
+) -> None:
+    """Writes `tree`'s subtree at `node` into heap position `heap` of a complete tree."""
+    if level == depth:
+        if tree["left"][node] >= 0:
+            raise ValueError("verifier model: a tree is deeper than the model's depth")
+        value_of[heap - (2**depth - 1)] = tree["value"][node]
+        return
+    lo, hi = tree["left"][node], tree["right"][node]
+    if lo < 0:  # a leaf above the bottom: always left, the right side is never reached
+        split_of[heap] = 0
+        lo = hi = node
+    else:
+        key = (int(tree["feature"][node]), float(tree["threshold"][node]))
+        split_of[heap] = splits.setdefault(key, len(splits))
+    _pad(tree, lo, 2 * heap + 1, level + 1, depth, splits, split_of, value_of)
+    _pad(tree, hi, 2 * heap + 2, level + 1, depth, splits, split_of, value_of)
 
 
 @cache

@@ -80,6 +80,34 @@ def test_exported_model_scores_as_trained(learner: str) -> None:
     assert np.abs(got - expected).max() < 1e-5
 
 
+def test_seed_averaged_models_export_as_one_table() -> None:
+    """The shipped model averages the log-odds of models fit with other seeds; its exported
+    table must score as that average does."""
+    pytest.importorskip("sklearn", reason="scikit-learn (training only) is not installed")
+    from sklearn.ensemble import GradientBoostingClassifier
+
+    from loadtests.train_verifier import Bagged, export
+
+    rng = np.random.default_rng(1)
+    x = np.round(rng.random((300, len(FEATURES))) * 6) / 6
+    y = (x[:, 0] + x[:, 2] + 0.4 * rng.random(300) > 1.1).astype(int)
+    w = np.where(x[:, 3] > 0.5, 2.0, 1.0)
+    models = [
+        GradientBoostingClassifier(n_estimators=30, max_depth=3, subsample=0.8, random_state=s).fit(
+            x, y, sample_weight=w
+        )
+        for s in (0, 1, 2)
+    ]
+    bagged = Bagged(models)
+    mean_logit = np.mean([m.decision_function(x) for m in models], axis=0)
+    assert np.allclose(bagged.predict_proba(x)[:, 1], 1 / (1 + np.exp(-mean_logit)))
+    table = export(bagged, 0.5, {})
+    assert len(table["trees"]) == 90
+    runtime = Verifier(table)
+    got = np.array(runtime.probabilities_of([list(row) for row in x]))
+    assert np.abs(got - bagged.predict_proba(x)[:, 1]).max() < 1e-5
+
+
 def test_candidates_judged_together_score_as_alone() -> None:
     from gateway.cache.verifier import default_verifier
 
