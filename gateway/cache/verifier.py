@@ -42,18 +42,18 @@ class Verifier:
         # scikit-learn's GradientBoosting trees compare float32 inputs: compare the same values,
         # or a feature within a float32 rounding of a split goes the other way.
         self._dtype = np.float32 if model.get("input") == "float32" else np.float64
-        inner, leaves = 2**self._depth - 1, 2**self._depth
+        self._inner = inner = 2**self._depth - 1  # heap positions below are leaves
         splits: dict[tuple[int, float], int] = {(0, math.inf): 0}  # 0: always left
-        self._split = np.zeros((len(trees), inner), dtype=np.intp)
-        self._value = np.zeros((len(trees), leaves))
+        split_of = np.zeros((len(trees), inner), dtype=np.intp)
+        value_of = np.zeros((len(trees), inner + 1))
         for i, t in enumerate(trees):
-            _pad(t, 0, 0, 0, self._depth, splits, self._split[i], self._value[i])
+            _pad(t, 0, 0, 0, self._depth, splits, split_of[i], value_of[i])
         self._split_feature = np.array([f for f, _ in splits], dtype=np.intp)
         self._split_threshold = np.array([th for _, th in splits])
+        self._split_of = split_of.ravel()
+        self._value_of = value_of.ravel()
         self._offset = (np.arange(len(trees)) * inner)[None, :]
-        self._flat_split = self._split.ravel()
-        self._flat_value = self._value.ravel()
-        self._leaf_offset = (np.arange(len(trees)) * leaves)[None, :]
+        self._leaf_offset = (np.arange(len(trees)) * (inner + 1))[None, :]
         self.threshold = float(model["threshold"])
         """Default decision threshold on the probability (chosen on the tune split)."""
         self.retrieval_floor = float(model["retrieval_floor"])
@@ -82,10 +82,16 @@ class Verifier:
         pair = np.arange(len(x))[:, None]
         node = np.zeros((len(x), self._offset.shape[1]), dtype=np.intp)
         for _ in range(self._depth):
-            node = 2 * node + 1 + right[pair, self._flat_split[self._offset + node]]
-        leaf = node - (2**self._depth - 1)
-        scores = self.init + self.rate * self._flat_value[self._leaf_offset + leaf].sum(axis=1)
-        return [1.0 / (1.0 + math.exp(-float(s))) for s in scores]
+            node = 2 * node + 1 + right[pair, self._split_of[self._offset + node]]
+        leaf = self._leaf_offset + node - self._inner
+        scores = self.init + self.rate * self._value_of[leaf].sum(axis=1)
+        # A feature that is not a number (a broken vector upstream of here) would walk the
+        # trees by accident: such a pair is never the same question.
+        finite = np.isfinite(x).all(axis=1)
+        return [
+            1.0 / (1.0 + math.exp(-float(s))) if ok else 0.0
+            for s, ok in zip(scores, finite, strict=True)
+        ]
 
 
 def _depth_of(tree: dict, node: int = 0) -> int:
@@ -108,7 +114,7 @@ def _pad(
     if level == depth:
         if tree["left"][node] >= 0:
             raise ValueError("verifier model: a tree is deeper than the model's depth")
-        value_of[heap - (2**depth - 1)] = tree["value"][node]
+        value_of[heap - (2**depth - 1)] = tree["value"][node]  # leaves follow the inner nodes
         return
     lo, hi = tree["left"][node], tree["right"][node]
     if lo < 0:  # a leaf above the bottom: always left, the right side is never reached

@@ -3,10 +3,12 @@ pair two wordings of one question; an exported model scores exactly as the train
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from gateway.cache.pair_features import FEATURES
+from gateway.cache.pair_features import FEATURES, features
 from gateway.cache.verifier import Verifier
 from loadtests.verifier_data import Pair, mine_negatives
 
@@ -106,6 +108,18 @@ def test_seed_averaged_models_export_as_one_table() -> None:
     runtime = Verifier(table)
     got = np.array(runtime.probabilities_of([list(row) for row in x]))
     assert np.abs(got - bagged.predict_proba(x)[:, 1]).max() < 1e-5
+
+
+def test_a_pair_with_a_feature_not_a_number_is_never_served() -> None:
+    from gateway.cache.verifier import default_verifier
+
+    v = default_verifier()
+    row = features("How do I reset my password?", "How do I reset my password?!", 0.99)
+    assert v.probability_of(row) >= v.threshold
+    for bad in (math.nan, math.inf):
+        broken = list(row)
+        broken[0] = bad
+        assert v.probabilities_of([broken, row]) == [0.0, v.probability_of(row)]
 
 
 def test_candidates_judged_together_score_as_alone() -> None:
