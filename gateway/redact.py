@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+import orjson
+
 MASK = "[redacted]"
 _MASK_B = MASK.encode()
 # Shorter values are not treated as secrets: masking them would garble ordinary text.
@@ -27,7 +29,12 @@ MAX_MESSAGE_CHARS = 500
 
 
 class Redactor:
-    """Replaces known secret values in relayed bytes and texts."""
+    """Replaces known secret values in relayed bytes and texts.
+
+    Besides whole values, :meth:`fragments` masks a secret's first or last `MIN_SECRET_LEN`+
+    characters standing alone: a stream may cut a key between two events, and each event is
+    redacted on its own.
+    """
 
     __slots__ = ("_bytes", "_texts")
 
@@ -61,6 +68,85 @@ class Redactor:
             if s in text:
                 text = text.replace(s, MASK)
         return text
+
+    def json(self, body: bytes, doc: Any) -> bytes:
+        """`body` (the JSON text of `doc`) redacted, escapes included: a key written with
+        `\\u0073k-...` escapes matches no byte string, so such a body is re-encoded plainly
+        first (only when it holds an escape and the plain text holds a secret)."""
+        if b"\\u" in body:
+            plain = orjson.dumps(doc)
+            masked = self.fragments(self.bytes(plain))
+            if masked != plain:
+                return masked
+        return self.bytes(body)
+
+    def fragments(self, data: bytes) -> bytes:
+        """`data` with every secret's leading or trailing run of `MIN_SECRET_LEN` or more
+        characters masked (whole secrets are assumed replaced already)."""
+        for s in self._bytes:
+            data = _mask_edges(data, s)
+        return data
+
+    def text_fragments(self, text: str) -> str:
+        """:meth:`fragments` for text; also masks any run of `MIN_SECRET_LEN` characters or
+        more from inside a secret (error paths only: a key quoted without its prefix)."""
+        for s in self._texts:
+            text = _mask_runs(text, s)
+        return text
+
+
+def _mask_edges(data: bytes, secret: bytes) -> bytes:
+    """Mask maximal runs of `data` that are a prefix or a suffix of `secret` (>= MIN_SECRET_LEN)."""
+    n = MIN_SECRET_LEN
+    head, tail = secret[:n], secret[-n:]
+    if head not in data and tail not in data:
+        return data
+    spans: list[tuple[int, int]] = []
+    pos = data.find(head)
+    while pos >= 0:
+        end = pos + n
+        while end < len(data) and end - pos < len(secret) and data[end] == secret[end - pos]:
+            end += 1
+        spans.append((pos, end))
+        pos = data.find(head, end)
+    pos = data.find(tail)
+    while pos >= 0:
+        start, k = pos, len(secret) - n  # data[pos:pos+n] == secret[k:]
+        while start > 0 and k > 0 and data[start - 1] == secret[k - 1]:
+            start, k = start - 1, k - 1
+        spans.append((start, pos + n))
+        pos = data.find(tail, pos + 1)
+    return _mask_spans(data, spans, _MASK_B)
+
+
+def _mask_runs(text: str, secret: str) -> str:
+    """Mask maximal runs of `text` of MIN_SECRET_LEN+ characters found anywhere in `secret`."""
+    n = MIN_SECRET_LEN
+    spans: list[tuple[int, int]] = []
+    for i in range(len(secret) - n + 1):
+        window = secret[i : i + n]
+        pos = text.find(window)
+        while pos >= 0:
+            spans.append((pos, pos + n))
+            pos = text.find(window, pos + 1)
+    return _mask_spans(text, spans, MASK) if spans else text
+
+
+def _mask_spans(data: Any, spans: list[tuple[int, int]], mask: Any) -> Any:
+    """`data` with the union of `spans` replaced, one mask per merged run."""
+    if not spans:
+        return data
+    spans.sort()
+    out, last = [], 0
+    start, end = spans[0]
+    for s, e in spans[1:]:
+        if s <= end:
+            end = max(end, e)
+            continue
+        out += [data[last:start], mask]
+        last, (start, end) = end, (s, e)
+    out += [data[last:start], mask, data[end:]]
+    return data[:0].join(out)
 
 
 def url_secrets(url: str) -> list[str]:
@@ -121,7 +207,7 @@ def sanitize_message(message: str, redactor: Redactor | None, hosts: Iterable[st
     """An upstream message fit for a client: no secret, token, key, URL or internal host."""
     text = message[: MAX_MESSAGE_CHARS * 4]
     if redactor is not None:
-        text = redactor.text(text)
+        text = redactor.text_fragments(redactor.text(text))
     text = _URL.sub("[url]", text)
     for host in hosts:
         if host:
@@ -133,6 +219,14 @@ def sanitize_message(message: str, redactor: Redactor | None, hosts: Iterable[st
     if len(text) > MAX_MESSAGE_CHARS:
         text = text[:MAX_MESSAGE_CHARS] + "..."
     return text
+
+
+def secret_like(value: str, redactor: Redactor | None) -> bool:
+    """Whether a short upstream token (an error's type, code or param) holds a secret, part of
+    one, or anything shaped like a credential: such a token is dropped, not relayed."""
+    if redactor is not None and redactor.text_fragments(redactor.text(value)) != value:
+        return True
+    return bool(_KEYLIKE.search(value) or _BEARER.search(value))
 
 
 def redacted_dump(doc: Any, redactor: Redactor) -> Any:

@@ -477,6 +477,167 @@ class HostileUpstream:
         ]
         await self._sse(w, events)
 
+    # -- right outer shape, wrong inner types (unary) ------------------------------------------
+
+    async def _bent(self, w: asyncio.StreamWriter, req: dict, bend: Any) -> None:
+        doc = _completion(req.get("model", "m"), "bent")
+        bend(doc)
+        await self._respond(w, 200, json.dumps(doc).encode())
+
+    async def mode_badcontent(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        await self._bent(w, req, lambda d: d["choices"][0]["message"].update(content=12345))
+
+    async def mode_emptymessage(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        await self._bent(w, req, lambda d: d["choices"][0].update(message={}))
+
+    async def mode_badtoolcalls(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        calls = [{"id": 1, "type": "function", "function": "x"}]
+        await self._bent(w, req, lambda d: d["choices"][0]["message"].update(tool_calls=calls))
+
+    async def mode_negusage(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        usage = {
+            "prompt_tokens": -(10**9),
+            "completion_tokens": -(10**9),
+            "total_tokens": -2 * 10**9,
+        }
+        await self._bent(w, req, lambda d: d.update(usage=usage))
+
+    async def mode_strusage(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        usage = {"prompt_tokens": "3", "completion_tokens": [1], "total_tokens": None}
+        await self._bent(w, req, lambda d: d.update(usage=usage))
+
+    # -- streams whose events are not what they claim -----------------------------------------
+
+    async def _stream_with(self, w: asyncio.StreamWriter, req: dict, middle: list[bytes]) -> None:
+        model = req.get("model", "m")
+        events = [
+            _chunk(model, {"role": "assistant", "content": ""}),
+            _chunk(model, {"content": "part"}),
+            *middle,
+            b"data: [DONE]\n\n",
+        ]
+        await self._sse(w, events)
+
+    async def mode_doneonly(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        await self._sse(w, [b"data: [DONE]\n\n"])
+
+    async def mode_errorfield(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        err = b'event: error\ndata: {"type":"overloaded_error","message":"overloaded"}\n\n'
+        await self._sse(w, [err, b"data: [DONE]\n\n"])
+
+    async def mode_nonjsonmid(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        await self._stream_with(w, req, [b"data: hello, not json\n\n"])
+
+    async def mode_errorarray(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        await self._stream_with(w, req, [b'data: {"error": ["overloaded"]}\n\n'])
+
+    async def mode_errorfieldmid(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        err = b'event: error\ndata: {"type":"overloaded_error","message":"overloaded"}\n\n'
+        await self._stream_with(w, req, [err])
+
+    async def mode_wrongchunk(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        bad = [b'data: {"foo": 1}\n\n', b'data: {"choices": [{"delta": {"content": 5}}]}\n\n']
+        await self._stream_with(w, req, bad)
+
+    async def mode_cutbrace(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        """Cut JSON that happens to end in a brace."""
+        await self._stream_with(
+            w, req, [b'data: {"choices":[{"index":0,"delta":{"content":"x"}}\n\n']
+        )
+
+    async def mode_garbageafterfinish(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        model = req.get("model", "m")
+        events = [
+            _chunk(model, {"role": "assistant", "content": ""}),
+            _chunk(model, {"content": "abc"}),
+            _chunk(model, {}, "stop"),
+            b"data: garbage\n\n",
+        ]
+        await self._sse(w, events)
+
+    # -- the key, disguised ------------------------------------------------------------------
+
+    async def mode_splitkey(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        """The key cut between two stream events, each redacted on its own."""
+        model = req.get("model", "m")
+        half = len(key) // 2
+        events = [
+            _chunk(model, {"role": "assistant", "content": ""}),
+            _chunk(model, {"content": "key=" + key[:half]}),
+            _chunk(model, {"content": key[half:] + " ok"}),
+            _chunk(model, {}, "stop"),
+            b"data: [DONE]\n\n",
+        ]
+        await self._sse(w, events, pause=0.02)
+
+    async def mode_escapedkey(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        """The key written as JSON escapes: no byte of it matches, the client decodes it."""
+        escaped = "".join(f"\\u{ord(c):04x}" for c in key).encode()
+        model = req.get("model", "m")
+        if req.get("stream"):
+            ev = _chunk(model, {"content": "key=KEYHERE"}).replace(b"KEYHERE", escaped)
+            events = [_chunk(model, {"role": "assistant", "content": ""}), ev]
+            await self._sse(w, [*events, _chunk(model, {}, "stop"), b"data: [DONE]\n\n"])
+            return
+        body = json.dumps(_completion(model, "key=KEYHERE")).encode()
+        await self._respond(w, 200, body.replace(b"KEYHERE", escaped))
+
+    async def mode_keyfields400(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        """A 400 quoting the key in its type, param and code, and without its prefix."""
+        err = {
+            "error": {
+                "message": f"bad temperature (key part {key[3:]}, tail {key[-12:]})",
+                "type": key[:20],
+                "param": key,
+                "code": key,
+            }
+        }
+        await self._respond(w, 400, json.dumps(err).encode())
+
+    async def mode_retryinf(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        body = json.dumps({"error": {"message": "slow down", "type": "rate_limit"}}).encode()
+        await self._respond(w, 429, body, extra=[("retry-after", "inf")])
+
+    async def mode_retryhuge(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        body = json.dumps({"error": {"message": "slow down", "type": "rate_limit"}}).encode()
+        await self._respond(w, 429, body, extra=[("retry-after", "1e12")])
+
 
 @contextlib.contextmanager
 def hostile_upstream() -> Iterator[HostileUpstream]:

@@ -32,6 +32,7 @@ from gateway.governance.static_keys import bearer_key, hash_key
 from gateway.governance.stats import GovStats
 from gateway.infra.shared_state import SharedState
 from gateway.observability.metrics import content_events, response_usage
+from gateway.wire.answer_checks import usage_counts
 from gateway.wire.sse import encode_event, event_data
 
 if TYPE_CHECKING:
@@ -78,10 +79,9 @@ class Ticket:
 
     def take_usage(self, usage: object) -> None:
         """The usage member of a stream's chunk (or of its assembled answer)."""
-        if isinstance(usage, dict):
-            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(p, int) and isinstance(c, int):
-                self.usage = (p, c)
+        p, c = usage_counts(usage)  # counts only: a negative one would refund a budget
+        if p is not None and c is not None:
+            self.usage = (p, c)
 
     def stream_event(self, ev: bytes) -> bytes | None:
         """Take the usage from a stream; hide it when the client did not ask for it."""

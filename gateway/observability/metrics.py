@@ -41,7 +41,7 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 REQUEST_LABELS = ("alias", "class", "pool", "provider", "status")
 USAGE_LABELS = ("tenant", "alias", "provider")
-_USAGE = re.compile(rb'"(prompt|completion)_tokens"\s*:\s*(\d+)')
+_USAGE = re.compile(rb'"(prompt|completion)_tokens"\s*:\s*(\d{1,10})(?![\d.eE])')  # counts, bounded
 _USAGE_TAIL = 512  # usage sits at the end of a completion: never scan a long body
 # A stream's events besides content: the role chunk, the finish chunk and `[DONE]`.
 _FRAMING_EVENTS = 3

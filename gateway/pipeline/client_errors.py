@@ -15,7 +15,8 @@ from gateway.context import Context
 from gateway.errors import GatewayError
 from gateway.pipeline.candidates import Candidates
 from gateway.providers.upstream import UpstreamFailure
-from gateway.redact import Redactor, sanitize_message
+from gateway.redact import Redactor, sanitize_message, secret_like
+from gateway.resilience.failures import MAX_RETRY_AFTER_S
 
 CLIENT_ERRORS = frozenset({"upstream_4xx"})
 _EXHAUSTED_STATUS = {
@@ -100,9 +101,9 @@ def passthrough_error(
     body = GatewayError(
         status,
         message or "The provider rejected the request.",
-        type=_token(err, "type") or "invalid_request_error",
-        param=_token(err, "param", _PARAM),
-        code=_token(err, "code") if err is not None else "upstream_rejected",
+        type=_token(err, "type", redactor) or "invalid_request_error",
+        param=_token(err, "param", redactor, _PARAM),
+        code=_token(err, "code", redactor) if err is not None else "upstream_rejected",
     ).to_bytes()
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
@@ -137,8 +138,10 @@ def exhausted(last: UpstreamFailure | None, candidates: Candidates) -> Exhausted
         type="upstream_error",
         code=code,
     )
-    if last.retry_after is not None:
-        err.headers["retry-after"] = str(int(last.retry_after + 0.999))
+    if last.retry_after is not None and math.isfinite(last.retry_after):
+        err.headers["retry-after"] = str(
+            max(0, math.ceil(min(last.retry_after, MAX_RETRY_AFTER_S)))
+        )
     return err
 
 
@@ -166,8 +169,17 @@ def _error_fields(body: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _token(err: dict[str, Any] | None, key: str, pattern: re.Pattern[str] = _TOKEN) -> str | None:
+def _token(
+    err: dict[str, Any] | None,
+    key: str,
+    redactor: Redactor | None,
+    pattern: re.Pattern[str] = _TOKEN,
+) -> str | None:
+    """A short token of the upstream error, or None: free text and anything holding (part of)
+    a secret or shaped like a key never pass."""
     value = err.get(key) if err is not None else None
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    return value if isinstance(value, str) and pattern.match(value) else None
+    if not isinstance(value, str) or not pattern.match(value):
+        return None
+    return None if secret_like(value, redactor) else value

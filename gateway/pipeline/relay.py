@@ -156,7 +156,7 @@ class StreamRelay:
         self._broken = None
         limits = attempt.member.config.limits
         splitter = SSESplitter(limits.max_event_bytes)
-        check = StreamCheck(limits, self.snap.redactor or None)
+        check = StreamCheck(limits, self.snap.redactor or None, self.acc.endpoint)
         signal: SignalKind = self.snap.pools[self.ctx.pool].config.latency_signal
         events = 0
         continuation = self.resumed_from is not None
@@ -209,6 +209,8 @@ class StreamRelay:
                 if self.ctx.ttft_s is None:
                     self.ctx.ttft_s = time.perf_counter() - self.ctx.start
                 yield block
+            if check.chunks == 0:
+                raise InvalidAnswer("the stream held no chunk")
             if not check.done:
                 if not check.finished or splitter.tail().strip():
                     raise InvalidAnswer("the stream ended without [DONE]")

@@ -24,6 +24,7 @@ import aiohttp
 import yarl
 
 from gateway.policy.schema import Provider, Timeouts
+from gateway.resilience import failures
 from gateway.wire.answer_checks import InvalidAnswer, first_event_complete, is_event_stream
 
 # Response headers are never forwarded wholesale: a provider or its proxy adds organisation ids,
@@ -62,12 +63,8 @@ class UpstreamFailure(Exception):
 
 
 def parse_retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
+    """A provider's Retry-After in seconds: finite, bounded, never negative (or None)."""
+    return failures.parse_retry_after(value)
 
 
 def forwardable_headers(headers: Mapping[str, str], ratelimit: bool = False) -> dict[str, str]:

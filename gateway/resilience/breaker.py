@@ -24,7 +24,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.resilience.failures import FailureKind, counts_against_breaker, trips_at_once
+from gateway.resilience.failures import (
+    MAX_RETRY_AFTER_S,
+    FailureKind,
+    counts_against_breaker,
+    trips_at_once,
+)
 from gateway.resilience.window import BucketWindow
 
 log = logging.getLogger(__name__)
@@ -264,7 +269,7 @@ class CircuitBreaker:
         if seconds <= 0 or not math.isfinite(seconds):
             return
         now = self._clock()
-        until = now + seconds
+        until = now + min(seconds, MAX_RETRY_AFTER_S)
         if until <= self._cooldown_until:
             return
         self._cooldown_until = until

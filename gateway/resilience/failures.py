@@ -82,11 +82,16 @@ def counts_against_breaker(kind: FailureKind) -> bool:
     return kind not in _NOT_A_HEALTH_SIGNAL
 
 
+#: The longest wait a provider's Retry-After may impose: a hostile or broken value (`1e12`,
+#: a date years ahead) must not take a member out until the next restart.
+MAX_RETRY_AFTER_S = 3600.0
+
+
 def parse_retry_after(header: str | None, now: float | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date).
 
-    Returns None when absent or unparseable; never negative. ``now`` is wall-clock epoch
-    seconds (injectable for tests).
+    Returns None when absent or unparseable (`inf`, `nan` included); never negative, never more
+    than MAX_RETRY_AFTER_S. ``now`` is wall-clock epoch seconds (injectable for tests).
     """
     if header is None:
         return None
@@ -98,7 +103,7 @@ def parse_retry_after(header: str | None, now: float | None = None) -> float | N
     except ValueError:
         seconds = math.nan
     if not math.isnan(seconds):
-        return max(0.0, seconds) if math.isfinite(seconds) else None
+        return min(MAX_RETRY_AFTER_S, max(0.0, seconds)) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError):
@@ -108,4 +113,4 @@ def parse_retry_after(header: str | None, now: float | None = None) -> float | N
     if when.tzinfo is None:  # "-0000" zone: RFC 5322 says UTC with unknown origin
         when = when.replace(tzinfo=UTC)
     current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
+    return min(MAX_RETRY_AFTER_S, max(0.0, when.timestamp() - current))

@@ -21,8 +21,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.redact import MASK as REDACTED
-from gateway.redact import Redactor
-from gateway.wire.sse import DONE
+from gateway.redact import MIN_SECRET_LEN, Redactor
+from gateway.wire.sse import DONE, event_data
 
 MIB = 1024 * 1024
 MASK = REDACTED.encode()
@@ -60,7 +60,13 @@ _SHAPES: dict[str, tuple[str, str, tuple[type, ...]]] = {
 
 
 def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
-    """The parsed answer when it has the endpoint's shape; raises InvalidAnswer otherwise."""
+    """The parsed answer when it has the endpoint's shape; raises InvalidAnswer otherwise.
+
+    Deep enough that whatever reads the answer next (the client's SDK, the Messages and
+    Responses translations, usage accounting) finds the types the API promises: a chat
+    message's content is a string or null, its tool calls a list of functions with string
+    names and arguments, token counts non-negative integers.
+    """
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -69,6 +75,7 @@ def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
         raise InvalidAnswer("the answer is not a JSON object")
     if doc.get("error"):
         raise InvalidAnswer("the answer is an error object")
+    _check_usage(doc.get("usage"))
     shape = _SHAPES.get(endpoint)
     if shape is None:
         return doc
@@ -79,13 +86,158 @@ def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get(member), types):
             raise InvalidAnswer(f"an item of '{field}' has no valid '{member}'")
+        if endpoint == "chat":
+            _check_message(item["message"])
+            _check_finish(item)
+        elif endpoint == "completions":
+            _check_finish(item)
+        elif endpoint == "embeddings" and not _numbers(item["embedding"]):
+            raise InvalidAnswer("an embedding holds something other than numbers")
     return doc
 
 
-def completion_tokens(doc: dict[str, Any]) -> int | None:
+_NUMBER_TYPES = frozenset({float, int})
+
+
+def _numbers(embedding: list[Any] | str) -> bool:
+    """A float embedding holds numbers only (base64 ones are a string, checked by type)."""
+    return isinstance(embedding, str) or set(map(type, embedding)) <= _NUMBER_TYPES
+
+
+# A token count no real answer reaches: larger (or negative) ones are a broken or hostile
+# provider, and would lift budgets or wrap counters if believed.
+MAX_TOKENS = 1 << 31
+_USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+_USAGE_DETAILS = ("prompt_tokens_details", "completion_tokens_details")
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < MAX_TOKENS
+
+
+def _check_usage(usage: Any) -> None:
+    if usage is None:
+        return
+    if not isinstance(usage, dict):
+        raise InvalidAnswer("the answer's usage is not an object")
+    for key in _USAGE_COUNTS:
+        if key in usage and not _count(usage[key]) and usage[key] is not None:
+            raise InvalidAnswer(f"the answer's usage.{key} is not a token count")
+    for key in _USAGE_DETAILS:
+        details = usage.get(key)
+        if details is None:
+            continue
+        if not isinstance(details, dict):
+            raise InvalidAnswer(f"the answer's usage.{key} is not an object")
+        for v in details.values():
+            if v is not None and not _count(v):
+                raise InvalidAnswer(f"the answer's usage.{key} holds something not a count")
+
+
+def usage_counts(usage: Any) -> tuple[int | None, int | None]:
+    """(prompt, completion) tokens of a usage object, each None unless a valid count."""
+    if not isinstance(usage, dict):
+        return None, None
+    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return (p if _count(p) else None, c if _count(c) else None)
+
+
+_MESSAGE_PARTS = ("content", "tool_calls", "function_call", "refusal", "audio")
+
+
+def _check_message(msg: dict[str, Any]) -> None:
+    if not any(k in msg for k in _MESSAGE_PARTS):
+        raise InvalidAnswer("a message holds no content")
+    _check_text(msg, "content")
+    _check_text(msg, "refusal")
+    _check_text(msg, "role")
+    _check_calls(msg)
+
+
+def _check_delta(delta: Any) -> None:
+    if delta is None:
+        return
+    if not isinstance(delta, dict):
+        raise InvalidAnswer("a chunk's delta is not an object")
+    _check_text(delta, "content")
+    _check_text(delta, "refusal")
+    _check_text(delta, "role")
+    _check_calls(delta)
+
+
+def _check_text(obj: dict[str, Any], key: str) -> None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise InvalidAnswer(f"a message's {key} is not a string")
+
+
+def _check_finish(choice: dict[str, Any]) -> None:
+    reason = choice.get("finish_reason")
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidAnswer("a choice's finish_reason is not a string")
+
+
+def _check_calls(msg: dict[str, Any]) -> None:
+    calls = msg.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise InvalidAnswer("a message's tool_calls is not a list")
+        for call in calls:
+            if not isinstance(call, dict):
+                raise InvalidAnswer("a tool call is not an object")
+            for key in ("id", "type"):
+                if call.get(key) is not None and not isinstance(call[key], str):
+                    raise InvalidAnswer(f"a tool call's {key} is not a string")
+            if call.get("index") is not None and not _count(call["index"]):
+                raise InvalidAnswer("a tool call's index is not a number")
+            _check_function(call.get("function"))
+    if msg.get("function_call") is not None:
+        _check_function(msg["function_call"])
+
+
+def _check_function(fn: Any) -> None:
+    """A call's function: an object whose name and arguments, when present, are strings (a
+    stream sends them in pieces, so either may be missing from one chunk)."""
+    if fn is None:
+        return
+    if not isinstance(fn, dict):
+        raise InvalidAnswer("a tool call's function is not an object")
+    for key in ("name", "arguments"):
+        if fn.get(key) is not None and not isinstance(fn[key], str):
+            raise InvalidAnswer(f"a tool call's function {key} is not a string")
+
+
+def check_chunk(endpoint: str, payload: bytes) -> None:
+    """One stream event's data: a JSON object of the endpoint's chunk shape, not an error."""
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        raise InvalidAnswer("the provider sent an event that is not JSON") from None
+    if not isinstance(doc, dict):
+        raise InvalidAnswer("the provider sent an event that is not a JSON object")
+    if doc.get("error") is not None and doc.get("error") is not False:
+        raise InvalidAnswer("the provider sent an error event")
     usage = doc.get("usage")
-    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return n if isinstance(n, int) else None
+    _check_usage(usage)
+    if endpoint not in ("chat", "completions"):
+        return
+    choices = doc.get("choices")
+    if choices is None and isinstance(usage, dict):
+        return  # a usage-only chunk
+    if not isinstance(choices, list):
+        raise InvalidAnswer("a chunk has no 'choices' array")
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise InvalidAnswer("a chunk's choice is not an object")
+        _check_finish(choice)
+        if endpoint == "chat":
+            _check_delta(choice.get("delta"))
+        else:
+            _check_text(choice, "text")
+
+
+def completion_tokens(doc: dict[str, Any]) -> int | None:
+    return usage_counts(doc.get("usage"))[1]
 
 
 # -- streams ---------------------------------------------------------------------------------
@@ -93,7 +245,9 @@ def completion_tokens(doc: dict[str, Any]) -> int | None:
 _DATA = re.compile(rb"^data:[ \t]*", re.M)
 # An `"error"` member holding an object or a message (not null), outside any JSON string (a quote
 # inside a string is escaped).
-_ERROR_EVENT = re.compile(rb'(?<!\\)"error"\s*:\s*[{"]')
+_ERROR_EVENT = re.compile(rb'(?<!\\)"error"\s*:\s*(?!null|false)[^\s]')
+# An SSE `event: error` field (Anthropic's and others' error events, whatever their data).
+_ERROR_FIELD = re.compile(rb"(?m)^event:[ \t]*error[ \t]*$")
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 
 
@@ -143,9 +297,9 @@ def first_event_complete(buf: bytes) -> bool:
             data = -1 if m is None else m.end()
         if data >= 0:
             payload = event[data:].lstrip()
-            if not (payload.startswith(b"{") or payload.startswith(b"[DONE]")):
+            if not payload.startswith(b"{"):  # `[DONE]` first: a stream that answered nothing
                 raise InvalidAnswer("the stream's first event is not a JSON chunk")
-            if b'"error"' in event and _ERROR_EVENT.search(event):
+            if b'"error"' in event and _ERROR_EVENT.search(event) or _ERROR_FIELD.search(event):
                 raise InvalidAnswer("the stream started with an error event")
             return True
         fields = {line.split(b":", 1)[0] for line in event.split(b"\n") if line}
@@ -155,15 +309,38 @@ def first_event_complete(buf: bytes) -> bool:
 
 
 class StreamCheck:
-    """Per upstream stream: size bound, end marker, error events, UTF-8 and secret redaction."""
+    """Per upstream stream: size bound, end marker, chunk shapes, error events, UTF-8 and
+    secret redaction."""
 
-    __slots__ = ("done", "_carry", "_last", "_limit", "_prev", "_secrets", "_size")
+    __slots__ = (
+        "chunks",
+        "done",
+        "_carry",
+        "_edges",
+        "_endpoint",
+        "_last",
+        "_limit",
+        "_prev",
+        "_redact",
+        "_secrets",
+        "_size",
+    )
 
-    def __init__(self, limits: ResponseLimits, redact: Redactor | None = None) -> None:
+    def __init__(
+        self, limits: ResponseLimits, redact: Redactor | None = None, endpoint: str = "chat"
+    ) -> None:
         self._limit = limits.max_stream_bytes
+        self._endpoint = endpoint
         # The gateway's provider secrets (from a Redactor), replaced wherever they appear.
+        self._redact = redact if redact else None
         self._secrets: tuple[bytes, ...] = redact.secret_bytes if redact is not None else ()
+        # A secret's first and last bytes: an event holding either may hold the secret, or
+        # the part of it a stream cut between two events (masked by `Redactor.fragments`).
+        self._edges = tuple(
+            edge for s in self._secrets for edge in (s[:MIN_SECRET_LEN], s[-MIN_SECRET_LEN:])
+        )
         self._size = 0
+        self.chunks = 0  # JSON chunks seen: a stream of `[DONE]` alone answered nothing
         self.done = False  # `[DONE]` seen
         # The last two events: a stream without `[DONE]` is complete when one of them finished
         # the answer (the finish chunk may be followed by a usage chunk). Looked at once, at the end.
@@ -181,7 +358,8 @@ class StreamCheck:
         passes as it is, or -1: check it event by event (`events`), which may raise.
 
         The usual read (one-line JSON chunks, ASCII, no error member or secret, perhaps `[DONE]`
-        last) is checked as one block: a handful of byte scans per read, not per event.
+        last) is checked as one block: a handful of byte scans per read and one parse per
+        chunk (under a microsecond: its shape is checked, not trusted), not per-event work.
         """
         done = block.endswith(DONE) and (len(block) == len(DONE) or block[-16:-14] == b"\n\n")
         chunks = block.count(b"}\n\n")
@@ -195,9 +373,20 @@ class StreamCheck:
             or not block.isascii()
         ):
             return -1
-        for secret in self._secrets:
-            if secret in block:
-                return -1
+        if self._secrets:
+            for edge in self._edges:
+                if edge in block:
+                    return -1
+            if b"\\u" in block:
+                return -1  # an escaped secret is found only once decoded
+        pos = 0
+        for _ in range(chunks):
+            end = block.index(b"}\n\n", pos) + 1
+            if not block.startswith(b"data: {", pos):
+                return -1  # another field or layout: the slow path says what it is
+            check_chunk(self._endpoint, block[pos + 6 : end])
+            pos = end + 2
+        self.chunks += chunks
         if done:
             self.done = True
         elif chunks == 1:
@@ -224,18 +413,39 @@ class StreamCheck:
             return ev
         if b'"error"' in ev and _ERROR_EVENT.search(ev):
             raise InvalidAnswer("the provider sent an error event")
-        if not ev.endswith(b"}\n\n") and not ev.rstrip().endswith(b"}"):
-            # A chunk is a JSON object: a data event that does not end like one holds cut JSON,
-            # which no client can parse (a byte check, no parse; comment-only events pass).
-            m = _DATA.search(ev)
-            if m is not None and ev[m.end() :].lstrip().startswith(b"{"):
-                raise InvalidAnswer("the provider sent an event with cut JSON")
+        if _ERROR_FIELD.search(ev):
+            raise InvalidAnswer("the provider sent an error event")
         if self._carry or not ev.isascii():
             ev = self._utf8(ev)
+        data = event_data(ev)
+        if data is not None:
+            # A chunk is a JSON object of the endpoint's shape: anything else (cut JSON, text,
+            # a list, an error) is what no client can use.
+            check_chunk(self._endpoint, data)
+            self.chunks += 1
+            if self._redact is not None:
+                ev = self._redacted(ev, data)
+        else:  # comments (keep-alives) and SSE fields pass; a line of anything else does not
+            fields = {line.split(b":", 1)[0] for line in ev.split(b"\n") if line}
+            if not fields <= _NON_DATA_FIELDS:
+                raise InvalidAnswer("the provider sent something that is not an event")
+        self._prev, self._last = self._last, ev
+        return ev
+
+    def _redacted(self, ev: bytes, data: bytes) -> bytes:
+        """The event with every secret, escaped secret and cut-off part of one masked."""
+        assert self._redact is not None
+        if b"\\u" in data:
+            plain = orjson.dumps(orjson.loads(data))
+            masked = self._redact.fragments(self._redact.bytes(plain))
+            if masked != plain:
+                return b"data: " + masked + b"\n\n"
         for secret in self._secrets:  # the Redactor's loop, inlined: this runs per event
             if secret in ev:
                 ev = ev.replace(secret, MASK)
-        self._prev, self._last = self._last, ev
+        for edge in self._edges:
+            if edge in ev:
+                return self._redact.fragments(ev)
         return ev
 
     def _utf8(self, ev: bytes) -> bytes:

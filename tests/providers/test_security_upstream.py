@@ -24,10 +24,41 @@ from tests.support import GatewayServer, gateway_process, validate, validate_sse
 
 KEY = "sk-hostile-provider-key-0123456789abcdef"
 MSG = [{"role": "user", "content": "hi"}]
-UNARY_BROKEN = ["html", "truncated", "wrongshape", "error200", "redirect"]
-STREAM_BROKEN = ["jsonstream", "ssehtml", "errorfirst", "bigfirst", "html"]
+UNARY_BROKEN = [
+    "html",
+    "truncated",
+    "wrongshape",
+    "error200",
+    "redirect",
+    # the right outer shape with the wrong types inside: what the SDKs, the Messages and
+    # Responses translations and usage accounting would trip on
+    "badcontent",
+    "emptymessage",
+    "badtoolcalls",
+    "negusage",
+    "strusage",
+]
+STREAM_BROKEN = [
+    "jsonstream",
+    "ssehtml",
+    "errorfirst",
+    "bigfirst",
+    "html",
+    "doneonly",
+    "errorfield",
+]
 AUTH = ["auth401", "auth403", "model404"]
-MIDSTREAM = ["nodone", "bigevent", "errorevent"]
+MIDSTREAM = [
+    "nodone",
+    "bigevent",
+    "errorevent",
+    "nonjsonmid",
+    "errorarray",
+    "errorfieldmid",
+    "wrongchunk",
+    "cutbrace",
+    "garbageafterfinish",
+]
 MODES = sorted(
     {
         *UNARY_BROKEN,
@@ -43,6 +74,11 @@ MODES = sorted(
         "finishnodone",
         "utf8split",
         "utf8events",
+        "splitkey",
+        "escapedkey",
+        "keyfields400",
+        "retryinf",
+        "retryhuge",
     }
 )
 LEAKY_NAMES = {k for k, _ in LEAKY_HEADERS} | {"www-authenticate"}
@@ -130,12 +166,13 @@ def log_line(lines: list[dict], request_id: str) -> dict:
     raise AssertionError(f"no access-log line for {request_id}")
 
 
-def assert_gateway_error(r: httpx.Response, status: int, code: str) -> dict:
+def assert_gateway_error(r: httpx.Response, status: int, code: str | None) -> dict:
     assert r.status_code == status, r.text[:500]
     assert r.headers["content-type"].startswith("application/json")
     body = r.json()
     validate("ErrorResponse", body)
-    assert body["error"]["code"] == code
+    if code is not None:
+        assert body["error"]["code"] == code
     return body["error"]
 
 
@@ -203,6 +240,52 @@ def test_provider_key_is_redacted_from_relayed_answers(gw: GatewayServer) -> Non
     assert_clean(r)
     chunks = validate_sse(r.content)
     assert "[redacted]" in "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+
+
+def _fragments(text: str) -> list[str]:
+    """Every 8-character run of the key found in `text` (a key quoted in parts)."""
+    return [KEY[i : i + 8] for i in range(len(KEY) - 7) if KEY[i : i + 8] in text]
+
+
+def test_a_key_cut_between_stream_events_is_masked_on_both_sides(gw: GatewayServer) -> None:
+    r = post(gw, "splitkey_solo", True, temperature=0)
+    assert r.status_code == 200
+    chunks = validate_sse(r.content)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text.startswith("key=[redacted]") and text.endswith(" ok"), text
+    assert not _fragments(text), text
+    # What was assembled for the cache is the redacted text too.
+    again = post(gw, "splitkey_solo", temperature=0)
+    assert again.headers["x-gateway-cache"] == "hit-exact"
+    assert again.json()["choices"][0]["message"]["content"] == text
+
+
+def test_a_key_written_as_json_escapes_is_masked(gw: GatewayServer) -> None:
+    client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+    answer = client.chat.completions.create(model="escapedkey_solo", messages=MSG)
+    assert answer.choices[0].message.content == "key=[redacted]"
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(model="escapedkey_solo", messages=MSG, stream=True)
+        if c.choices
+    )
+    assert text == "key=[redacted]"
+
+
+def test_error_fields_quoting_the_key_are_dropped(gw: GatewayServer) -> None:
+    r = post(gw, "keyfields400_solo")
+    err = assert_gateway_error(r, 400, None)
+    assert not _fragments(json.dumps(err)), err
+    assert err["type"] == "invalid_request_error" and err["param"] is None
+    assert "bad temperature" in err["message"]
+
+
+@pytest.mark.parametrize("mode", ["retryinf", "retryhuge"])
+def test_an_absurd_retry_after_is_bounded(gw: GatewayServer, mode: str) -> None:
+    for _ in range(2):  # then the member cools down: bounded too, never "forever"
+        r = post(gw, f"{mode}_solo")
+        assert r.status_code == 503, r.text[:300]  # never a 500
+        assert 0 <= int(r.headers.get("retry-after", "0")) <= 3600  # `inf` is no value
 
 
 def test_admin_policy_never_shows_interpolated_secrets(

@@ -46,8 +46,13 @@ def test_first_event_of_a_stream() -> None:
     assert not first_event_complete(b'data: {"a"')
     assert first_event_complete(b': ping\n\nevent: x\n\ndata: {"a":1}\n\n')
     assert first_event_complete(b'data: {"a":1}\r\n\r\n')
-    assert first_event_complete(b"data: [DONE]\n\n")
-    for bad in (b"<html>\n\n", b"data: <html>\n\n", b'data: {"error": {"message": "x"}}\n\n'):
+    for bad in (
+        b"<html>\n\n",
+        b"data: <html>\n\n",
+        b'data: {"error": {"message": "x"}}\n\n',
+        b"data: [DONE]\n\n",  # an answer of nothing
+        b'event: error\ndata: {"type": "overloaded_error"}\n\n',
+    ):
         with pytest.raises(InvalidAnswer):
             first_event_complete(bad)
 
@@ -62,19 +67,22 @@ def test_stream_check_end_errors_utf8_and_size() -> None:
     assert check.done
     with pytest.raises(InvalidAnswer):
         check.event(b'data: {"error": {"message": "boom"}}\n\n')
-    assert check.event(b'data: {"error": null, "x": 1}\n\n')  # a null error is no error
-    fixed = check.event(b'data: {"c":"ok \xff ' + "€".encode()[:2] + b'"}\n\n')
-    assert fixed.decode() == 'data: {"c":"ok \ufffd \ufffd"}\n\n'  # valid UTF-8 again
+    assert check.event(b'data: {"error": null, "choices": []}\n\n')  # a null error is no error
+    fixed = check.event(
+        b'data: {"choices":[{"delta":{"content":"ok \xff ' + "€".encode()[:2] + b'"}}]}\n\n'
+    )
+    assert fixed.decode() == 'data: {"choices":[{"delta":{"content":"ok \ufffd \ufffd"}}]}\n\n'
     # A character cut between two events' texts arrives whole.
     euro = "€".encode()
-    first = check.event(b'data: {"delta":{"content":"a ' + euro[:1] + b'"}}\n\n')
-    second = check.event(b'data: {"delta":{"content":"' + euro[1:] + b' b"}}\n\n')
-    assert first.decode() == 'data: {"delta":{"content":"a "}}\n\n'
-    assert second.decode() == 'data: {"delta":{"content":"€ b"}}\n\n'
+    first = check.event(b'data: {"choices":[{"delta":{"content":"a ' + euro[:1] + b'"}}]}\n\n')
+    second = check.event(b'data: {"choices":[{"delta":{"content":"' + euro[1:] + b' b"}}]}\n\n')
+    assert first.decode() == 'data: {"choices":[{"delta":{"content":"a "}}]}\n\n'
+    assert second.decode() == 'data: {"choices":[{"delta":{"content":"€ b"}}]}\n\n'
     with pytest.raises(InvalidAnswer):
         check.count(4096)
     redacting = StreamCheck(ResponseLimits(), Redactor(["sk-secret-12345678"]))
-    assert b"sk-secret" not in redacting.event(b'data: {"c":"sk-secret-12345678"}\n\n')
+    ev = b'data: {"choices":[{"delta":{"content":"sk-secret-12345678"}}]}\n\n'
+    assert b"sk-secret" not in redacting.event(ev)
 
 
 def test_splitter_bounds_an_unfinished_event() -> None:

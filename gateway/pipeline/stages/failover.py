@@ -39,7 +39,12 @@ from gateway.resilience.retry import Retrier, RetrySettings
 from gateway.routing.decision import Decision
 from gateway.routing.member import latency_signal
 from gateway.runtime import ProviderState, Snapshot
-from gateway.wire.answer_checks import InvalidAnswer, check_unary, completion_tokens
+from gateway.wire.answer_checks import (
+    InvalidAnswer,
+    check_unary,
+    completion_tokens,
+    usage_counts,
+)
 from gateway.wire.request import ParsedRequest
 
 JSON = "application/json"
@@ -134,7 +139,7 @@ class Failover:
             except InvalidAnswer as e:
                 raise UpstreamFailure("bad_response", str(e)) from None
             if snap.redactor:
-                resp.body = snap.redactor.bytes(resp.body)
+                resp.body = snap.redactor.json(resp.body, doc)
             if rename is not None:
                 resp.body = rename(resp.body)
             return resp, doc
@@ -145,10 +150,8 @@ class Failover:
         out = completion_tokens(doc) if signal == "per_token" else None
         attempt.succeed(latency_signal(signal, None, attempt.elapsed_s, out))
         ctx.response_body = resp.body
-        usage = doc.get("usage")
-        if isinstance(usage, dict):  # read here, where the answer is parsed anyway
-            p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            ctx.usage = (p if type(p) is int else None, c if type(c) is int else None)
+        if isinstance(doc.get("usage"), dict):  # read here, where the answer is parsed anyway
+            ctx.usage = usage_counts(doc["usage"])
         return resp.body, resp.headers
 
     # -- streams --------------------------------------------------------------------------------

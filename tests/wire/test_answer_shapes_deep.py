@@ -1,0 +1,186 @@
+"""Answers of the right outer shape with the wrong types inside, usage that is not a count, keys
+cut, escaped or quoted in parts: each is caught where the answer crosses into the gateway."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.redact import Redactor, sanitize_message, secret_like
+from gateway.resilience.breaker import CircuitBreaker
+from gateway.resilience.failures import MAX_RETRY_AFTER_S, parse_retry_after
+from gateway.wire.answer_checks import (
+    InvalidAnswer,
+    ResponseLimits,
+    StreamCheck,
+    check_chunk,
+    check_unary,
+    usage_counts,
+)
+
+KEY = "sk-test-0123456789abcdefXYZ"
+
+
+def chat(message: object, usage: object = None, finish: object = "stop") -> bytes:
+    doc: dict = {"choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+    if usage is not None:
+        doc["usage"] = usage
+    return json.dumps(doc).encode()
+
+
+def test_a_chat_message_holds_the_types_the_api_promises() -> None:
+    good = [
+        {"role": "assistant", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ]},
+        {"role": "assistant", "content": None, "refusal": "no"},
+    ]  # fmt: skip
+    for message in good:
+        check_unary("chat", chat(message))
+    bad = [
+        {"content": 12345},
+        {"content": {"x": [1]}},
+        {},  # nothing at all
+        {"content": None, "tool_calls": "not-a-list"},
+        {"content": None, "tool_calls": [{"id": 1, "function": "x"}]},
+        {"content": None, "tool_calls": [{"function": {"name": 3, "arguments": "{}"}}]},
+        {"content": "x", "role": ["assistant"]},
+    ]
+    for message in bad:
+        with pytest.raises(InvalidAnswer):
+            check_unary("chat", chat(message))
+    with pytest.raises(InvalidAnswer):
+        check_unary("chat", chat({"content": "x"}, finish=7))
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": -1, "completion_tokens": 2},
+        {"prompt_tokens": "3", "completion_tokens": 2},
+        {"prompt_tokens": 1, "completion_tokens": [1]},
+        {"prompt_tokens": 1, "completion_tokens": 2**40},
+        {"prompt_tokens": True, "completion_tokens": 2},
+        {"prompt_tokens": 1, "prompt_tokens_details": {"cached_tokens": -5}},
+        "lots",
+    ],
+)
+def test_usage_must_be_counts(usage: object) -> None:
+    with pytest.raises(InvalidAnswer):
+        check_unary("chat", chat({"content": "x"}, usage))
+    assert usage_counts(usage) != (-1, 2)
+
+
+def test_usage_counts_keep_only_counts() -> None:
+    assert usage_counts({"prompt_tokens": 3, "completion_tokens": 4}) == (3, 4)
+    assert usage_counts({"prompt_tokens": -3, "completion_tokens": 4.5}) == (None, None)
+    assert usage_counts(None) == (None, None)
+
+
+def test_embeddings_hold_numbers() -> None:
+    check_unary("embeddings", b'{"data":[{"embedding":[0.1, 2, -3e-5]}]}')
+    with pytest.raises(InvalidAnswer):
+        check_unary("embeddings", b'{"data":[{"embedding":[0.1, "x", 0.3]}]}')
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"hello, not json",
+        b"[1, 2]",
+        b'{"error": ["overloaded"]}',
+        b'{"error": "overloaded"}',
+        b'{"foo": 1}',
+        b'{"choices": "nope"}',
+        b'{"choices": [{"delta": {"content": 5}}]}',
+        b'{"choices": [{"delta": {"tool_calls": [{"index": [0]}]}}]}',
+        b'{"choices":[{"index":0,"delta":{"content":"x"}}',
+    ],
+)
+def test_stream_chunks_are_checked_one_by_one(payload: bytes) -> None:
+    with pytest.raises(InvalidAnswer):
+        check_chunk("chat", payload)
+    check = StreamCheck(ResponseLimits())
+    with pytest.raises(InvalidAnswer):
+        check.event(b"data: " + payload + b"\n\n")
+    block = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: ' + payload + b"\n\n"
+    with pytest.raises(InvalidAnswer):
+        n = StreamCheck(ResponseLimits()).block(block)
+        if n < 0:
+            StreamCheck(ResponseLimits()).events([block[: block.index(b"\n\n") + 2], block])
+
+
+def test_good_chunks_pass_and_are_counted() -> None:
+    check = StreamCheck(ResponseLimits())
+    block = (
+        b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    assert check.block(block) == 4 and check.chunks == 3 and check.done
+    check = StreamCheck(ResponseLimits())
+    assert check.event(b": keep-alive\n\n") == b": keep-alive\n\n"
+    assert check.event(b"event: message\nid: 3\n\n")
+    assert check.chunks == 0
+    with pytest.raises(InvalidAnswer):
+        check.event(b'event: error\ndata: {"type":"overloaded_error"}\n\n')
+    with pytest.raises(InvalidAnswer):
+        StreamCheck(ResponseLimits()).event(b"garbage line\n\n")
+
+
+def _relay(check: StreamCheck, texts: list[str]) -> str:
+    out = ""
+    for text in texts:
+        ev = b"data: " + json.dumps({"choices": [{"delta": {"content": text}}]}).encode() + b"\n\n"
+        n = check.block(ev)
+        relayed = ev if n >= 0 else check.event(ev)
+        out += json.loads(relayed[6:])["choices"][0]["delta"]["content"]
+    return out
+
+
+@pytest.mark.parametrize("cut", [4, 8, 13, len(KEY) - 8, len(KEY) - 3])
+def test_a_key_cut_between_two_events_leaks_under_8_characters(cut: int) -> None:
+    text = _relay(StreamCheck(ResponseLimits(), Redactor([KEY])), ["key=" + KEY[:cut], KEY[cut:]])
+    assert not any(KEY[i : i + 8] in text for i in range(len(KEY) - 7)), text
+    assert "[redacted]" in text
+
+
+def test_a_key_written_as_escapes_is_masked() -> None:
+    escaped = "".join(f"\\u{ord(c):04x}" for c in KEY)
+    r = Redactor([KEY])
+    body = b'{"choices":[{"message":{"content":"key=ESC"}}]}'.replace(b"ESC", escaped.encode())
+    out = r.json(body, json.loads(body))
+    assert KEY not in json.loads(out)["choices"][0]["message"]["content"]
+    ev = b'data: {"choices":[{"delta":{"content":"key=ESC"}}]}\n\n'.replace(
+        b"ESC", escaped.encode()
+    )
+    check = StreamCheck(ResponseLimits(), r)
+    assert check.block(ev) == -1
+    assert KEY not in json.loads(check.event(ev)[6:])["choices"][0]["delta"]["content"]
+    plain = b'{"choices":[{"message":{"content":"caf\\u00e9"}}]}'  # no secret: as is
+    assert r.json(plain, json.loads(plain)) == plain
+
+
+def test_error_tokens_and_messages_never_carry_part_of_a_key() -> None:
+    r = Redactor([KEY])
+    assert secret_like(KEY, r) and secret_like(KEY[3:], r) and secret_like(KEY[:20], r)
+    assert secret_like("sk-other-abcdef123456", None)
+    assert not secret_like("invalid_request_error", r) and not secret_like("temperature", r)
+    out = sanitize_message(f"bad key part {KEY[3:]} and tail {KEY[-10:]}", r)
+    assert not any(KEY[i : i + 8] in out for i in range(len(KEY) - 7)), out
+
+
+def test_retry_after_is_finite_and_bounded() -> None:
+    assert parse_retry_after("inf") is None and parse_retry_after("nan") is None
+    assert parse_retry_after("1e12") == MAX_RETRY_AFTER_S
+    assert parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT") == MAX_RETRY_AFTER_S
+    now = [0.0]
+    b = CircuitBreaker("m", clock=lambda: now[0])
+    assert b.allow()
+    b.cool_down(1e12)
+    assert not b.allow()
+    now[0] = MAX_RETRY_AFTER_S + 1
+    assert b.allow()
