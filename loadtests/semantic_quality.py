@@ -10,7 +10,9 @@ loadtests/verifier_data.py) for four deciders:
 - guards: cosine threshold, then the lexical near-miss guards (gateway/cache/guards.py);
 - verifier: candidates at cosine >= the retrieval floor, then the pair classifier's probability
   against a threshold (gateway/cache/verifier.py);
-- verifier+guards: the verifier, and the guards may still veto.
+- verifier+guards: the verifier, and the guards may still veto;
+- verifier, pair only: the verifier without the cache's shared-context check (which also judges
+  the clauses two long texts differ in, `gateway/cache/shared_context.py`).
 
 Then a shared-cache run through the real `SemanticCache`: every first sentence of a set in one
 namespace, every second sentence asked (right / wrong / miss), as GPTCache's benchmark does.
@@ -37,6 +39,7 @@ import numpy as np
 
 from gateway.cache import guards
 from gateway.cache.semantic_settings import GuardSettings
+from gateway.cache.shared_context import differing_clauses
 from gateway.cache.verifier import default_verifier
 from loadtests.train_verifier import embed_cosines
 from loadtests.verifier_data import (
@@ -62,15 +65,38 @@ def deciders() -> dict[str, tuple[Callable[[Pair], float], float]]:
     def guarded(p: Pair) -> bool:
         return guards.check(p.s2, p.s1, ALL_GUARDS) is None
 
-    def verified(p: Pair) -> float:
+    def pair_only(p: Pair) -> float:
         return v.probability(p.s2, p.s1, p.cosine) if p.cosine >= v.retrieval_floor else 0.0
+
+    def verified(p: Pair) -> float:
+        """As the cache decides: the pair, and its differing clauses where a context is shared."""
+        clauses = _CLAUSES.get((p.s1, p.s2))
+        return min(pair_only(p), pair_only(clauses)) if clauses is not None else pair_only(p)
 
     return {
         "floor (cosine)": (lambda p: p.cosine, DEFAULT_COSINE),
         "guards": (lambda p: p.cosine if guarded(p) else -1.0, DEFAULT_COSINE),
         "verifier": (verified, v.threshold),
         "verifier+guards": (lambda p: verified(p) if guarded(p) else -1.0, v.threshold),
+        "verifier, pair only": (pair_only, v.threshold),
     }
+
+
+#: (cached, asked) -> the pair of their differing clauses, for pairs sharing a dominant context.
+_CLAUSES: dict[tuple[str, str], Pair] = {}
+
+
+async def embed_clauses(pairs: list[Pair], cache: Path | None) -> None:
+    """The differing clauses of pairs that share a dominant context, with their cosines: the
+    cache judges those too (`gateway/cache/shared_context.py`)."""
+    todo = []
+    for p in pairs:
+        parts = differing_clauses(p.s2, p.s1)
+        if parts is not None:
+            clause = Pair(parts[1], parts[0], p.label, p.kind, p.source, p.split)
+            _CLAUSES[(p.s1, p.s2)] = clause
+            todo.append(clause)
+    await embed_cosines(todo, cache=cache)
 
 
 def curve(scores: np.ndarray, labels: np.ndarray, rate: float) -> tuple[float, float]:
@@ -221,6 +247,7 @@ def main() -> None:
     everything = [p for pairs in sets.values() for p in pairs]
     cache = Path(args.cosine_cache) if args.cosine_cache else None
     asyncio.run(embed_cosines(everything, cache=cache))
+    asyncio.run(embed_clauses(everything, cache))
     results = {name: evaluate(name, pairs) for name, pairs in sets.items()}
     shared = {
         name: asyncio.run(shared_cache(pairs))

@@ -77,6 +77,7 @@ class AsyncEmbedder:
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
         self._memo_max = memo
         self._memo_lock = threading.Lock()
+        self._local = threading.local()  # each worker thread's own embedder
         self._threads = [
             threading.Thread(
                 target=self._run, args=(e,), name=f"semantic-embedder-{i}", daemon=True
@@ -157,7 +158,13 @@ class AsyncEmbedder:
             count += len(job.texts)
         return batch, stop
 
+    def embed_now(self, texts: list[str]) -> np.ndarray:
+        """Vectors of `texts` computed on the calling thread: for a `then` follow-up that finds
+        it needs more vectors (on a worker thread, with that thread's embedder)."""
+        return self._embed(texts, getattr(self._local, "embedder", self.embedder))
+
     def _run(self, embedder: Embedder) -> None:
+        self._local.embedder = embedder
         stop = False
         while not stop:
             first = self._queue.get()

@@ -19,8 +19,17 @@ from gateway.cache.semantic_settings import GuardSettings
 # "identical" to any other) to the lexical features.
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?")
 _NOT_WORD = re.compile(r"[^\w+#]|_")
-_OPERATOR = re.compile(r"<=|>=|==|!=|<>|=>|->|[<>]|(?<=[\w)\s])[+*/%^](?=[\s\w(])|\s-\s")
-_COMPARISONS = frozenset(["<", ">", "<=", ">=", "==", "!=", "<>", "=>", "->"])
+_OPERATOR = re.compile(
+    r"===|!==|<<=?|>>=?|&&|\|\||\*\*|[-+*/%&|^]=|<=|>=|==|!=|<>|=>|->|[<>]"
+    r"|(?<=[\w)\s])[+*/%^](?=[\s\w(])|\s-\s"
+)
+# Operators that change what code does when swapped: comparisons, logic, shifts, compound
+# assignment (`x += 1` / `x -= 1`). Lone arithmetic signs are not among them: a " - " or "+" is
+# as often a dash or "and" in chat as arithmetic.
+_COMPARISONS = frozenset(
+    ["<", ">", "<=", ">=", "==", "!=", "<>", "=>", "->", "===", "!==", "&&", "||", "**",
+     "<<", ">>", "<<=", ">>=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^="]
+)  # fmt: skip
 _TOKEN = re.compile(f"{_OPERATOR.pattern}|{_WORD.pattern}")
 _CAPS = re.compile(r"(?<![\w.])[A-Z][\w.+#-]*|(?<![\w.])[a-z]+[A-Z][\w.+#-]*")
 

@@ -34,6 +34,7 @@ from gateway.cache.embedder import make_embedder
 from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
 from gateway.cache.semantic_store import RedisSemanticStore
+from gateway.cache.shared_context import differing_clauses
 from gateway.cache.verifier import Verifier, default_verifier
 from gateway.infra.hub import RedisHub
 
@@ -76,12 +77,20 @@ def namespace_for(
 ) -> str:
     """Namespace of a request: tenant, model alias, and a hash of the context of its last turn.
 
-    The context is every message but the last one (system prompt and earlier turns) plus `params`:
+    The context is every message but the last one (system prompt and earlier turns), the last
+    one's fields besides its text, plus `params`:
     request fields that change the answer (e.g. tools, response_format, temperature); pass them so
     a JSON-mode answer is never served to a plain request.
     """
+    doc: dict[str, Any] = {"m": list(messages[:-1]), "p": dict(params) if params else None}
+    # The asked turn's own fields besides its text (its `name`: "What is my name?" from alice
+    # is not bob's question); left out when there are none, so the usual namespace is unchanged.
+    last = messages[-1] if messages else {}
+    extra = {k: v for k, v in last.items() if k not in ("role", "content")}
+    if extra:
+        doc["l"] = extra
     context = orjson.dumps(
-        {"m": list(messages[:-1]), "p": dict(params) if params else None},
+        doc,
         option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
         default=str,
     )
@@ -236,10 +245,7 @@ class SemanticCache:
 
         def search(vectors: np.ndarray | None) -> SemanticLookup:
             assert vectors is not None
-            if (
-                len(text) >= s.max_tokens - 2
-                and self.worker.embedder.count_tokens(text) > s.max_tokens
-            ):
+            if self._over_length(text):
                 return SemanticLookup("skipped", reason="too_long")
             return self._match(namespace, text, vectors[0].copy(), limit, gs)
 
@@ -271,7 +277,7 @@ class SemanticCache:
             top = -1.0
             scores = self.verifier.probabilities(text, [(e.text, sim) for sim, e in candidates])
             for (sim, entry), p in zip(candidates, scores, strict=True):
-                if p >= self._verifier_threshold and p > top:
+                if p >= self._verifier_threshold and p > top and self._context_agrees(text, entry):
                     top, chosen = p, (sim, entry)
         else:
             first_reason = None
@@ -288,6 +294,28 @@ class SemanticCache:
         self.index.touch(entry.entry_id)
         hit = SemanticHit(entry.entry_id, sim, entry.response, entry.text)
         return SemanticLookup("hit", hit, similarity=sim, vector=vector)
+
+    def _over_length(self, text: str) -> bool:
+        """More tokens than the model sees: the rest would be cut off, and texts differing
+        only there would get one vector. An ASCII text has at most one token per character
+        (plus two markers); any other may have several (Hangul splits into jamo), so it is
+        counted whatever its length."""
+        limit = self.settings.max_tokens
+        if len(text) < limit - 2 and text.isascii():
+            return False
+        return self.worker.embedder.count_tokens(text) > limit
+
+    def _context_agrees(self, text: str, entry: Entry) -> bool:
+        """Where the two texts share a dominant context, the clauses that differ must be the
+        same question too (`shared_context`); on the worker thread, under the index lock."""
+        parts = differing_clauses(text, entry.text)
+        if parts is None or self.verifier is None:
+            return True
+        vectors = self.worker.embed_now(list(parts))
+        cosine = float(vectors[0] @ vectors[1])
+        if cosine < self.verifier.retrieval_floor:
+            return False
+        return self.verifier.probability(parts[0], parts[1], cosine) >= self._verifier_threshold
 
     async def store(
         self,
@@ -316,10 +344,7 @@ class SemanticCache:
             """The entry stored, or why it was refused."""
             vec = vector if vectors is None else vectors[0]
             assert vec is not None
-            if (
-                len(text) >= s.max_tokens - 2
-                and self.worker.embedder.count_tokens(text) > s.max_tokens
-            ):
+            if self._over_length(text):
                 return "too_long"
             # copy: a row view would keep the whole batch array alive as long as the entry
             entry = Entry(entry_id, namespace, text, vec.copy(), response, now + ttl)

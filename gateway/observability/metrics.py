@@ -331,6 +331,15 @@ class GatewayCollector(Collector):
                 size.add_metric([what], st[what])
             size.add_metric(["max_bytes"], semantic.cache.settings.max_bytes)
             yield size
+            removed = CounterMetricFamily(
+                "gateway_semantic_removed",
+                "Semantic cache entries removed before anyone asked: evicted (least recently "
+                "used, to stay within max_bytes or max_entries) or expired (past their TTL).",
+                labels=["reason"],
+            )
+            removed.add_metric(["evicted"], st["evicted"])
+            removed.add_metric(["expired"], st["expired"])
+            yield removed
 
     def _policy(self) -> Iterator[Metric]:
         r = self.reloader

@@ -96,12 +96,16 @@ def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
     return doc
 
 
-_NUMBER_TYPES = frozenset({float, int})
-
-
 def _numbers(embedding: list[Any] | str) -> bool:
-    """A float embedding holds numbers only (base64 ones are a string, checked by type)."""
-    return isinstance(embedding, str) or set(map(type, embedding)) <= _NUMBER_TYPES
+    """A float embedding holds numbers only (base64 ones are a string, checked by type).
+    `sum` is the cheapest full check: 4 us per 1,536 floats, and a TypeError on anything else."""
+    if isinstance(embedding, str):
+        return True
+    try:
+        sum(embedding)
+    except TypeError:
+        return False
+    return True
 
 
 # A token count no real answer reaches: larger (or negative) ones are a broken or hostile
@@ -208,32 +212,49 @@ def _check_function(fn: Any) -> None:
 
 
 def check_chunk(endpoint: str, payload: bytes) -> None:
-    """One stream event's data: a JSON object of the endpoint's chunk shape, not an error."""
+    """One stream event's data: a JSON object of the endpoint's chunk shape, not an error.
+
+    Per event on the hot path (about a microsecond): the usual chat delta (`role`, `content`)
+    is checked inline, anything else by the same checks as a unary message.
+    """
     try:
         doc = orjson.loads(payload)
     except orjson.JSONDecodeError:
         raise InvalidAnswer("the provider sent an event that is not JSON") from None
-    if not isinstance(doc, dict):
+    if type(doc) is not dict:
         raise InvalidAnswer("the provider sent an event that is not a JSON object")
-    if doc.get("error") is not None and doc.get("error") is not False:
+    err = doc.get("error")
+    if err is not None and err is not False:
         raise InvalidAnswer("the provider sent an error event")
     usage = doc.get("usage")
-    _check_usage(usage)
-    if endpoint not in ("chat", "completions"):
+    if usage is not None:
+        _check_usage(usage)
+    if endpoint != "chat" and endpoint != "completions":
         return
     choices = doc.get("choices")
-    if choices is None and isinstance(usage, dict):
-        return  # a usage-only chunk
-    if not isinstance(choices, list):
+    if type(choices) is not list:
+        if choices is None and type(usage) is dict:
+            return  # a usage-only chunk
         raise InvalidAnswer("a chunk has no 'choices' array")
+    chat = endpoint == "chat"
     for choice in choices:
-        if not isinstance(choice, dict):
+        if type(choice) is not dict:
             raise InvalidAnswer("a chunk's choice is not an object")
-        _check_finish(choice)
-        if endpoint == "chat":
-            _check_delta(choice.get("delta"))
-        else:
+        reason = choice.get("finish_reason")
+        if reason is not None and type(reason) is not str:
+            raise InvalidAnswer("a choice's finish_reason is not a string")
+        if not chat:
             _check_text(choice, "text")
+            continue
+        delta = choice.get("delta")
+        if type(delta) is dict and len(delta) <= 2 and delta.keys() <= _PLAIN_DELTA:
+            text, role = delta.get("content"), delta.get("role")
+            if (text is None or type(text) is str) and (role is None or type(role) is str):
+                continue
+        _check_delta(delta)
+
+
+_PLAIN_DELTA = frozenset({"role", "content"})
 
 
 def completion_tokens(doc: dict[str, Any]) -> int | None:
@@ -413,7 +434,7 @@ class StreamCheck:
             return ev
         if b'"error"' in ev and _ERROR_EVENT.search(ev):
             raise InvalidAnswer("the provider sent an error event")
-        if _ERROR_FIELD.search(ev):
+        if b"event:" in ev and _ERROR_FIELD.search(ev):
             raise InvalidAnswer("the provider sent an error event")
         if self._carry or not ev.isascii():
             ev = self._utf8(ev)
@@ -440,12 +461,9 @@ class StreamCheck:
             masked = self._redact.fragments(self._redact.bytes(plain))
             if masked != plain:
                 return b"data: " + masked + b"\n\n"
-        for secret in self._secrets:  # the Redactor's loop, inlined: this runs per event
-            if secret in ev:
-                ev = ev.replace(secret, MASK)
-        for edge in self._edges:
+        for edge in self._edges:  # a secret holds its edges: no edge, no secret (nor part)
             if edge in ev:
-                return self._redact.fragments(ev)
+                return self._redact.fragments(self._redact.bytes(ev))
         return ev
 
     def _utf8(self, ev: bytes) -> bytes:

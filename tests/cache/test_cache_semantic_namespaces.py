@@ -53,10 +53,14 @@ def ask(
     namespace: str | None = None,
     extra: dict | None = None,
     cache_control: str | None = None,
+    name: str | None = None,
 ) -> httpx.Response:
+    asked: dict[str, Any] = {"role": "user", "content": question}
+    if name is not None:
+        asked["name"] = name
     body = {
         "model": model,
-        "messages": [SYSTEM, *(earlier or []), {"role": "user", "content": question}],
+        "messages": [SYSTEM, *(earlier or []), asked],
         "temperature": 0,
         "max_tokens": 8,
         **(extra or {}),
@@ -114,6 +118,8 @@ VARIANTS: dict[str, tuple[dict, dict]] = {
         {"extra": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}},
     ),
     "max_tokens": ({}, {"extra": {"max_tokens": 9}}),
+    # "What is my name?" asked by alice is not bob's question
+    "name on the asked turn": ({"name": "alice"}, {"name": "bob"}),
 }
 
 
@@ -130,6 +136,30 @@ def test_semantic_cache_isolates(gw: GatewayServer, name: str) -> None:
     assert cached_then_hit(gw, **other) != answer
     r = ask(gw, QUESTION, **base)
     assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+
+
+CONTEXT = (
+    "I bought the AX3000 router last month from a local store. It has dual band wifi, four "
+    "ethernet ports and a USB port, and the box says it comes with a mobile app. Question:"
+)
+
+
+def test_a_shared_context_does_not_make_different_questions_the_same(gw: GatewayServer) -> None:
+    ns = {"namespace": f"context-{uuid.uuid4().hex}"}
+    first = ask(gw, f"{CONTEXT} How long is the warranty?", **ns)
+    assert first.headers["x-gateway-cache"] == "miss"
+    deadline = time.monotonic() + 5
+    while True:  # the paraphrase of the question, after the same context, is served
+        r = ask(gw, f"{CONTEXT} What is the warranty period?", **ns)
+        if r.headers["x-gateway-cache"] == "hit-semantic":
+            assert r.json() == first.json()
+            break
+        assert time.monotonic() < deadline, "the stored entry never became a hit"
+        time.sleep(0.05)
+    # Other questions after the same long context share most words with it: never served.
+    for other in ("Does it support WPA3?", "Is there a guest network?", "How do I set it up?"):
+        r = ask(gw, f"{CONTEXT} {other}", **ns)
+        assert r.headers["x-gateway-cache"] == "miss", other
 
 
 def _metric(gw: GatewayServer, line_start: str) -> float:
@@ -155,6 +185,9 @@ def test_refresh_replaces_the_entry_and_stores_are_counted(gw: GatewayServer) ->
     assert float(hit.headers["x-gateway-cache-similarity"]) > 0.999  # the refreshed entry
     size = _metric(gw, 'gateway_semantic_cache_size{what="bytes"}')
     assert 0 < size <= _metric(gw, 'gateway_semantic_cache_size{what="max_bytes"}')
+    metrics = httpx.get(gw.url + "/metrics", timeout=10).text
+    for reason in ("evicted", "expired"):  # entries removed unasked are counted too
+        assert f'gateway_semantic_removed_total{{reason="{reason}"}}' in metrics
 
 
 def test_refresh_burst_waits_instead_of_dropping_and_refusals_are_counted(fleet: Any) -> None:

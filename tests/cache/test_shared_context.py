@@ -1,0 +1,80 @@
+"""Units of the semantic cache's narrower judgements: the clauses two long texts differ in, texts
+past the model's token limit whatever their length in characters, operators in code."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.cache.pair_features import _text
+from gateway.cache.semantic import namespace_for
+from gateway.cache.shared_context import differing_clauses
+
+pytest.importorskip("faiss", reason="the semantic extra is not installed")
+
+CONTEXT = (
+    "My team maintains a Django app with a Postgres database and about forty models. "
+    "We deploy it twice a week with a small CI pipeline."
+)
+
+
+def test_the_differing_clauses_of_texts_sharing_a_context() -> None:
+    a = f"{CONTEXT} How do we speed up the test suite?"
+    b = f"{CONTEXT} Which hosting provider is cheapest?"
+    assert differing_clauses(a, b) == (
+        "How do we speed up the test suite?",
+        "Which hosting provider is cheapest?",
+    )
+    # The clause around a difference inside one sentence, not the whole text.
+    s = "I noticed English uses Norse gods; which gods are Wednesday and Thursday named after?"
+    t = s.replace("Wednesday and Thursday", "Tuesday and Friday")
+    assert differing_clauses(s, t) == (
+        "which gods are Wednesday and Thursday named after?",
+        "which gods are Tuesday and Friday named after?",
+    )
+
+
+def test_short_or_unrelated_texts_are_left_to_the_verifier() -> None:
+    assert differing_clauses("How do I learn Python?", "How do I learn Java?") is None
+    assert differing_clauses(f"{CONTEXT} Why?", f"{CONTEXT}  Why?") is None  # spacing only
+    assert differing_clauses("What is the capital of France and why", "Where is Lyon") is None
+    one = "what is the capital of France and why is it so famous today"
+    assert differing_clauses(one, one.replace("France", "Spain")) is None  # one clause
+
+
+def test_operators_of_code_are_words_that_count() -> None:
+    for a, b in [("a && b", "a || b"), ("x += 1", "x -= 1"), ("x << 2", "x >> 2")]:
+        assert _text(f"What does {a} do?").operators != _text(f"What does {b} do?").operators
+    assert _text("see https://example.com/a and more").operators == ()
+
+
+def test_the_asked_turns_name_keys_the_namespace() -> None:
+    def ns(**fields: str) -> str:
+        return namespace_for("t", "a", [{"role": "user", "content": "Who am I?", **fields}])
+
+    assert ns(name="alice") != ns(name="bob") != ns()
+    assert ns() == namespace_for("t", "a", [{"role": "user", "content": "Other text"}])
+
+
+def test_a_short_text_of_many_tokens_is_refused_not_cut() -> None:
+    from gateway.cache.semantic import SemanticCache
+    from gateway.cache.semantic_settings import SemanticSettings
+
+    async def run() -> tuple[bool, str, str]:
+        cache = SemanticCache(SemanticSettings())
+        await cache.start()
+        try:
+            # Hangul: under 256 characters, over 256 tokens (each syllable splits into jamo).
+            base = "한국어 문장은 토큰이 많습니다 " * 14
+            assert len(base) < 254 and cache.worker.embedder.count_tokens(base) > 256
+            stored = await cache.store("ns", base + "첫째", b"one", wait_s=5)
+            short = "짧은 질문입니다"
+            await cache.store("ns", short, b"two", wait_s=5)
+            asked = await cache.lookup("ns", base + "둘째")
+            return stored, asked.outcome, asked.reason or ""
+        finally:
+            await cache.aclose()
+
+    stored, outcome, reason = asyncio.run(run())
+    assert not stored and (outcome, reason) == ("skipped", "too_long")
