@@ -289,6 +289,12 @@ class GatewayCollector(Collector):
             "Requests queued for replay.",
             value=self.degradation.queued,
         )
+        yield CounterMetricFamily(
+            "gateway_deferred_dropped",
+            "Malformed deferred-queue entries (not written by a gateway, or damaged) dropped "
+            "instead of replayed.",
+            value=getattr(self.degradation.queue, "dropped", 0),
+        )
         yield GaugeMetricFamily(
             "gateway_deferred_queue_length",
             "Requests waiting in the deferred (replay) queue.",

@@ -393,6 +393,10 @@ class BreakerRegistry:
             self._breakers[name] = breaker
         return breaker
 
+    def find(self, name: str) -> CircuitBreaker | None:
+        """The breaker for ``name`` if this process has one (never creates it)."""
+        return self._breakers.get(name)
+
     def on_transition(self, callback: Listener) -> None:
         """Call ``callback(event)`` on every transition of every breaker, present and future."""
         self._listeners.append(callback)

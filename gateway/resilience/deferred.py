@@ -111,6 +111,7 @@ class RedisReplayQueue:
         self.settings = settings or ReplaySettings()
         self.stream = f"{self.settings.prefix}:replay"
         self._group_ready = False
+        self.dropped = 0  # malformed entries found in the stream (never replayed)
 
     def result_key(self, request_id: str) -> str:
         return f"{self.settings.prefix}:result:{request_id}"
@@ -177,7 +178,7 @@ class RedisReplayQueue:
             msgs = [m for batch in reply.values() for m in batch[0]] if reply else []
         else:
             msgs = [m for _, batch in reply or [] for m in batch]
-        return [_entry(eid, f) for eid, f in msgs if f]
+        return await self._entries(msgs)
 
     async def claim_stale(self, consumer: str, min_idle_ms: int, count: int) -> list[ReplayEntry]:
         reply: Any = await self._grouped(
@@ -185,7 +186,23 @@ class RedisReplayQueue:
                 self.stream, self.GROUP, consumer, min_idle_ms, start_id="0-0", count=count
             )
         )
-        return [_entry(eid, f) for eid, f in reply[1] if f]
+        return await self._entries(reply[1])
+
+    async def _entries(self, msgs: list[Any]) -> list[ReplayEntry]:
+        """The well-formed entries; any other is acked and deleted, one at a time, so that it
+        never holds back the entries read with it (it would be read again and again)."""
+        out: list[ReplayEntry] = []
+        for eid, fields in msgs:
+            if not fields:
+                continue  # deleted since it was read
+            entry = _entry(eid, fields)
+            if entry is not None:
+                out.append(entry)
+                continue
+            self.dropped += 1
+            log.warning("deferred queue: dropped a malformed entry %r", _text(eid)[:64])
+            await self.ack(_text(eid))
+        return out
 
     async def touch(self, consumer: str, entry_ids: list[str]) -> None:
         if entry_ids:  # claiming to itself resets the idle time: "still working on these"
@@ -216,17 +233,35 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _entry(entry_id: Any, fields: dict[Any, Any]) -> ReplayEntry:
-    f = {_text(k): v for k, v in fields.items()}
-    body = f.get("body", b"")
-    return ReplayEntry(
-        entry_id=_text(entry_id),
-        request_id=_text(f.get("request_id", "")),
-        tenant=_text(f.get("tenant", "")),
-        alias=_text(f.get("alias", "")),
-        body=body if isinstance(body, bytes) else str(body).encode(),
-        key_id=_text(f.get("key_id", "")),
-    )
+# What the gateway writes: ids of these characters, short names. Anything else in the stream
+# was not written by a gateway (or was damaged) and is not replayed.
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:")
+_MAX_ID = 128
+_MAX_NAME = 1024
+
+
+def _entry(entry_id: Any, fields: dict[Any, Any]) -> ReplayEntry | None:
+    """The entry, or None when it is malformed (undecodable, missing or oversized fields)."""
+    try:
+        f = {_text(k): v for k, v in fields.items()}
+        request_id = _text(f.get("request_id", ""))
+        names = [_text(f.get(k, "")) for k in ("tenant", "alias", "key_id")]
+        body = f.get("body", b"")
+        entry = ReplayEntry(
+            entry_id=_text(entry_id),
+            request_id=request_id,
+            tenant=names[0],
+            alias=names[1],
+            body=body if isinstance(body, bytes) else str(body).encode(),
+            key_id=names[2],
+        )
+    except (UnicodeDecodeError, ValueError, TypeError):
+        return None
+    if not request_id or len(request_id) > _MAX_ID or not _ID_CHARS.issuperset(request_id):
+        return None
+    if not names[1] or any(len(n) > _MAX_NAME for n in names):
+        return None
+    return entry
 
 
 class MemoryReplayQueue:

@@ -31,6 +31,9 @@ from gateway.resilience.breaker import BreakerEvent, BreakerRegistry, BreakerSta
 log = logging.getLogger(__name__)
 
 _SHARED = (BreakerState.OPEN, BreakerState.CLOSED)
+# The longest open or cool-down time a peer may report: longer is no real breaker (the
+# settings cap cool-downs far below a day), so the message is ignored.
+MAX_REMOTE_S = 86400.0
 
 
 class SharedBreakers:
@@ -150,15 +153,22 @@ class SharedBreakers:
                 return
             provider, state = str(msg["provider"]), str(msg["state"])
             remaining = msg.get("remaining_s")
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            if remaining is not None:
+                remaining = float(remaining)
+                if not 0.0 <= remaining <= MAX_REMOTE_S:  # NaN too
+                    raise ValueError("remaining_s out of range")
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError):
             log.warning("ignoring malformed breaker event on %s: %r", self.channel, data[:200])
             return
-        breaker = self.registry.get(provider)
+        # Only providers this process has: a made-up name must not create a breaker (memory).
+        breaker = self.registry.find(provider)
+        if breaker is None:
+            return
         if state == "cooldown":
             if remaining:
-                breaker.cool_down(float(remaining), source="remote")
+                breaker.cool_down(remaining, source="remote")
         elif state == BreakerState.OPEN.value:
-            breaker.apply_remote(BreakerState.OPEN, None if remaining is None else float(remaining))
+            breaker.apply_remote(BreakerState.OPEN, remaining)
         elif state == BreakerState.CLOSED.value:
             breaker.apply_remote(BreakerState.CLOSED, None)
         else:

@@ -180,3 +180,34 @@ async def test_worker_survives_redis_down(caplog: pytest.LogCaptureFixture) -> N
     await worker.stop()
     await dead.aclose()
     assert len([r for r in caplog.records if "unreachable" in r.getMessage()]) == 1
+
+
+@pytest.mark.parametrize("claimed", [False, True])
+async def test_a_malformed_entry_never_holds_back_the_good_ones(
+    client: aioredis.Redis, prefix: str, claimed: bool
+) -> None:
+    """Entries not written by a gateway (undecodable, missing, oversized or odd ids) are dropped
+    and counted, whether read fresh or claimed from a dead worker; the ones beside them replay."""
+    settings = ReplaySettings(prefix=prefix, **FAST)
+    queue = RedisReplayQueue(client, settings)
+    await queue.enqueue("first", "t", "m", b'{"q": 0}')  # creates the stream and its group
+    stream = f"{prefix}:replay"
+    bad = [
+        {"request_id": b"\xff\xfe", "tenant": "t", "alias": "m", "body": b"{}"},
+        {"tenant": "t", "alias": "m", "body": b"{}"},
+        {"request_id": "x" * 500, "tenant": "t", "alias": "m", "body": b"{}"},
+        {"request_id": "a b\r\n", "tenant": "t", "alias": "m", "body": b"{}"},
+        {"request_id": "r", "tenant": b"\xc3", "alias": "m", "body": b"{}"},
+    ]
+    async with client.pipeline(transaction=True) as pipe:
+        for fields in bad:
+            pipe.xadd(stream, fields)
+        pipe.xadd(stream, {"request_id": "victim", "tenant": "t", "alias": "m", "body": b"{}"})
+        await pipe.execute()
+    if claimed:  # a worker read them all, then died
+        assert await queue.read("crashed-worker", 50, 10) is not None
+    worker = ReplayWorker(queue, Upstream(0), "survivor", settings)
+    doc = await run_worker(worker, "victim", "done", within=5.0)
+    assert doc["status"] == "done"
+    assert queue.dropped == len(bad)
+    assert await queue.depth() == 0  # dropped entries are acked and deleted, not left pending

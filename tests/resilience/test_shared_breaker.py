@@ -180,3 +180,18 @@ async def test_reconnects_after_redis_outage() -> None:
         await shared_a.stop()
         await shared_b.stop()
         await relay.cut()
+
+
+def test_messages_from_redis_touch_only_known_breakers_with_sane_times() -> None:
+    """A forged or broken message never creates a breaker (memory) nor sets an absurd time."""
+    registry = BreakerRegistry(SETTINGS)
+    shared = SharedBreakers(registry, REDIS_URL, channel="unused", replica_id="me")
+    known = registry.get("known")
+    for i in range(1000):
+        shared._apply(b'{"provider": "made-up-%d", "state": "open", "remaining_s": 5}' % i)
+    assert registry.names() == ["known"]
+    for remaining in (b'"abc"', b"1e300", b"-5", b"NaN", b"[1]"):
+        shared._apply(b'{"provider": "known", "state": "open", "remaining_s": %b}' % remaining)
+        assert known.state is BreakerState.CLOSED, remaining
+    shared._apply(b'{"provider": "known", "state": "open", "remaining_s": 5}')
+    assert known.state is BreakerState.OPEN and shared.applied == 1
