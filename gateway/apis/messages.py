@@ -11,7 +11,7 @@ citations, cache_control, server tools, top_k) is dropped or refused: see README
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -25,6 +25,8 @@ from gateway.apis.exchange import (
 )
 from gateway.context import Context
 from gateway.errors import GatewayError, bad_request, model_not_found
+from gateway.wire.request import DEFAULT_MAX_DEPTH, check_depth, is_depth_error, nested
+from gateway.wire.request_checks import clip
 from gateway.wire.tokens import encoding_for_model, estimate_prompt
 
 NAME = "messages"
@@ -34,8 +36,14 @@ ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
+    # The body did not arrive in time: kept, so that the log and metrics say what was sent.
+    408: "timeout_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    431: "request_too_large",
+    # The client went away: nothing is sent, but the log and metrics must say 499, not 400.
+    499: "invalid_request_error",
     500: "api_error",
     529: "overloaded_error",
 }
@@ -46,6 +54,8 @@ STOP_REASONS = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
+# Anthropic's bound on `metadata.user_id`.
+MAX_USER_ID = 256
 # Server tools run by Anthropic itself (web search, code execution, ...) have a dated `type`;
 # a chat provider cannot run them.
 _CUSTOM_TOOL_TYPES = (None, "custom")
@@ -59,9 +69,15 @@ def _status(status: int) -> int:
         return 529  # no provider available / providers rate limited: "overloaded", retried
     if status >= 500:
         return 500
-    if status in (408, 422):
-        return 400
     return 400 if status >= 400 else status
+
+
+PATH = "/v1/messages"
+
+
+def owns_path(path: str) -> bool:
+    """Whether `path` belongs to this API (its errors, even the router's, in Anthropic's shape)."""
+    return path == PATH or path.startswith(PATH + "/")
 
 
 def anthropic_error(status: int, message: str) -> tuple[int, bytes]:
@@ -107,7 +123,8 @@ def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
     if kind == "url" and isinstance(src.get("url"), str):
         return {"type": "image_url", "image_url": {"url": src["url"]}}
     raise _err(
-        f"{where}.source.type: '{kind}' is not supported (use base64 or url).", f"{where}.source"
+        f"{where}.source.type: '{clip(kind)}' is not supported (use base64 or url).",
+        f"{where}.source",
     )
 
 
@@ -137,6 +154,17 @@ def _tool_result_text(block: dict[str, Any], where: str) -> str:
     return f"Error: {text}" if block.get("is_error") else text
 
 
+def _block_text(block: dict[str, Any], where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise _err(f"{where}.text: Input should be a valid string.", f"{where}.text")
+    return text
+
+
+def _unsupported_block(kind: Any, where: str) -> GatewayError:
+    return _err(f"{where}.type: '{clip(kind)}' blocks are not supported by this gateway.", where)
+
+
 def _user_message(content: Any, where: str) -> list[dict[str, Any]]:
     """A user turn: tool results become `tool` messages (first), the rest one user message."""
     if isinstance(content, str):
@@ -148,8 +176,8 @@ def _user_message(content: Any, where: str) -> list[dict[str, Any]]:
     for i, b in enumerate(content):
         w = f"{where}.content.{i}"
         kind = b.get("type") if isinstance(b, dict) else None
-        if kind == "text" and isinstance(b.get("text"), str):
-            parts.append({"type": "text", "text": b["text"]})
+        if kind == "text":
+            parts.append({"type": "text", "text": _block_text(b, w)})
         elif kind == "image":
             parts.append(_image_part(b, w))
         elif kind == "tool_result":
@@ -164,7 +192,7 @@ def _user_message(content: Any, where: str) -> list[dict[str, Any]]:
         ):
             parts.append({"type": "text", "text": b["source"]["data"]})
         else:
-            raise _err(f"{w}.type: '{kind}' blocks are not supported by this gateway.", w)
+            raise _unsupported_block(kind, w)
     out = list(tools)
     if parts:
         if all(p["type"] == "text" for p in parts):
@@ -184,25 +212,28 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
     for i, b in enumerate(content):
         w = f"{where}.content.{i}"
         kind = b.get("type") if isinstance(b, dict) else None
-        if kind == "text" and isinstance(b.get("text"), str):
-            text.append(b["text"])
+        if kind == "text":
+            text.append(_block_text(b, w))
         elif kind == "tool_use":
             if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                 raise _err(f"{w}: tool_use needs an id and a name.", w)
+            tool_input = b.get("input")
+            if tool_input is not None and not isinstance(tool_input, dict):
+                raise _err(f"{w}.input: Input should be an object.", f"{w}.input")
             calls.append(
                 {
                     "id": b["id"],
                     "type": "function",
                     "function": {
                         "name": b["name"],
-                        "arguments": orjson.dumps(b.get("input") or {}).decode(),
+                        "arguments": orjson.dumps(tool_input or {}).decode(),
                     },
                 }
             )
         elif kind in ("thinking", "redacted_thinking"):
             continue  # a chat provider has no reasoning input: dropped
         else:
-            raise _err(f"{w}.type: '{kind}' blocks are not supported by this gateway.", w)
+            raise _unsupported_block(kind, w)
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
     if calls:
         msg["tool_calls"] = calls
@@ -220,7 +251,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
             raise _err(f"tools.{i}.name: Field required", f"tools.{i}.name")
         if t.get("type") not in _CUSTOM_TOOL_TYPES:
             raise _err(
-                f"tools.{i}.type: server tool '{t.get('type')}' cannot run on a chat provider; "
+                f"tools.{i}.type: server tool '{clip(t.get('type'))}' cannot run on a chat "
+                "provider; "
                 "only custom (client) tools are supported.",
                 f"tools.{i}.type",
             )
@@ -247,20 +279,25 @@ def _tool_choice(choice: Any, body: dict[str, Any]) -> None:
     elif kind == "tool" and isinstance(choice.get("name"), str):
         body["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     else:
-        raise _err(f"tool_choice.type: '{kind}' is not valid.", "tool_choice")
+        raise _err(f"tool_choice.type: '{clip(kind)}' is not valid.", "tool_choice")
     if choice.get("disable_parallel_tool_use") and "tools" in body:
         body["parallel_tool_calls"] = False
 
 
-def parse(raw: bytes) -> dict[str, Any]:
+def parse(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
+    """The client's body as a dict, nested at most `max_depth` deep (checked here, on what the
+    client sent: fields dropped by the translation are never seen by the chat checks)."""
     if not raw:
         raise _err("The request body is empty; expected a JSON object.")
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
+        if is_depth_error(e):
+            raise nested(max_depth) from None
         raise _err(f"The request body is not valid JSON: {e}") from None
     if not isinstance(doc, dict):
         raise _err("The request body must be a JSON object.")
+    check_depth(raw, doc, max_depth)
     return doc
 
 
@@ -298,6 +335,12 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
     for name in ("temperature", "top_p"):
         if req.get(name) is not None:
             body[name] = req[name]
+    top_k = req.get("top_k")  # dropped (no chat equivalent), but checked like Anthropic does
+    if top_k is not None and (type(top_k) is not int or top_k < 0):
+        raise _err("top_k: Input should be a non-negative integer.", "top_k")
+    for name in ("thinking", "output_config", "metadata"):
+        if req.get(name) is not None and not isinstance(req[name], dict):
+            raise _err(f"{name}: Input should be an object.", name)
     stops = req.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
@@ -324,9 +367,14 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True},
         }
-    meta = req.get("metadata")
-    if isinstance(meta, dict) and isinstance(meta.get("user_id"), str):
-        body["user"] = meta["user_id"]
+    user = (req.get("metadata") or {}).get("user_id")
+    if user is not None:
+        if not isinstance(user, str) or len(user) > MAX_USER_ID:
+            raise _err(
+                f"metadata.user_id: Input should be a string of at most {MAX_USER_ID} characters.",
+                "metadata.user_id",
+            )
+        body["user"] = user
     stream = req.get("stream", False)
     if stream not in (True, False, None):
         raise _err("stream: expected a boolean.", "stream")
@@ -571,10 +619,11 @@ class MessageStream:
 
 
 class MessagesExchange:
-    def __init__(self) -> None:
+    def __init__(self, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
         self.model = ""
         self.stream = False
         self.translated = False
+        self.max_depth = max_depth
 
     def authorization(self, headers: Mapping[str, str]) -> str | None:
         """Anthropic clients send `x-api-key`; a bearer token works too."""
@@ -585,7 +634,7 @@ class MessagesExchange:
         return f"Bearer {key}" if key else None
 
     async def request(self, raw: bytes, ctx: Context) -> bytes:
-        req = parse(raw)
+        req = parse(raw, self.max_depth)
         body = to_chat(req)
         self.model, self.stream, self.translated = body["model"], bool(body.get("stream")), True
         return orjson.dumps(body)
@@ -615,16 +664,22 @@ class MessagesExchange:
 class MessagesAPI:
     name = NAME
 
+    def __init__(self, max_depth: Callable[[], int] | None = None) -> None:
+        # The policy's `server.max_json_depth`, read per request (it changes on reload).
+        self.max_depth = max_depth or (lambda: DEFAULT_MAX_DEPTH)
+
     def begin(self) -> MessagesExchange:
-        return MessagesExchange()
+        return MessagesExchange(self.max_depth())
 
 
-async def count_tokens(raw: bytes, models: dict[str, Any]) -> dict[str, Any]:
+async def count_tokens(
+    raw: bytes, models: dict[str, Any], max_depth: int = DEFAULT_MAX_DEPTH
+) -> dict[str, Any]:
     """`POST /v1/messages/count_tokens`: the prompt as the gateway would send it, counted with
     tiktoken (the alias's encoding). An estimate: providers tokenize with their own vocabulary."""
-    body = to_chat(parse(raw), count_only=True)
+    body = to_chat(parse(raw, max_depth), count_only=True)
     alias = models.get(body["model"])
     if alias is None:
-        raise model_not_found(body["model"])
+        raise model_not_found(clip(body["model"]))
     encoding = alias.encoding or encoding_for_model(body["model"])
     return {"input_tokens": estimate_prompt(body, encoding)}

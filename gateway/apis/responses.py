@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -24,12 +24,17 @@ from gateway.apis.exchange import is_stream, rebuild, translate_stream
 from gateway.apis.response_store import ResponseStore, new_response_id, valid_response_id
 from gateway.context import Context
 from gateway.errors import GatewayError, bad_request
+from gateway.wire.request import DEFAULT_MAX_DEPTH, check_depth, is_depth_error, nested
 
 NAME = "responses"
 # Fields a client may send that only steer OpenAI's own platform: accepted, not forwarded.
 _IGNORED = frozenset(
     {"include", "truncation", "reasoning", "service_tier", "prompt_cache_key", "stream_options"}
 )
+# OpenAI's bounds on `metadata` (echoed in every answer and stored with the response).
+METADATA_KEYS = 16
+METADATA_KEY_CHARS = 64
+METADATA_VALUE_CHARS = 512
 _UNSUPPORTED = {
     "background": "background mode",
     "conversation": "conversations",
@@ -176,16 +181,54 @@ def _response_format(text: Any) -> dict[str, Any] | None:
     raise _err(f"text.format.type: '{kind}' is not supported.", "text.format.type")
 
 
-def parse(raw: bytes) -> dict[str, Any]:
+def parse(raw: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
+    """The client's body as a dict, nested at most `max_depth` deep (checked on what the client
+    sent: `metadata` and other echoed fields never reach the chat checks)."""
     if not raw:
         raise _err("The request body is empty; expected a JSON object.", code="invalid_json")
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
+        if is_depth_error(e):
+            raise nested(max_depth) from None
         raise _err(f"The request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(doc, dict):
         raise _err("The request body must be a JSON object.", code="invalid_json")
+    check_depth(raw, doc, max_depth)
     return doc
+
+
+def check_metadata(meta: Any) -> None:
+    """OpenAI's `metadata`: at most 16 string keys (64 characters) to string values (512)."""
+    if meta is None:
+        return
+    if not isinstance(meta, dict):
+        raise _err("Invalid type for 'metadata': expected an object.", "metadata", "invalid_type")
+    if len(meta) > METADATA_KEYS:
+        raise _err(
+            f"Invalid 'metadata': too many properties. Expected an object with at most "
+            f"{METADATA_KEYS} properties, but got an object with {len(meta)} properties instead.",
+            "metadata",
+            "object_above_max_properties",
+        )
+    for key, value in meta.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise _err(
+                f"Invalid 'metadata': key too long. Expected a key with maximum length "
+                f"{METADATA_KEY_CHARS}, but got a key with length {len(key)} instead.",
+                "metadata",
+                "string_above_max_length",
+            )
+        where = f"metadata.{key}"
+        if not isinstance(value, str):
+            raise _err(f"Invalid type for '{where}': expected a string.", where, "invalid_type")
+        if len(value) > METADATA_VALUE_CHARS:
+            raise _err(
+                f"Invalid '{where}': string too long. Expected a string with maximum length "
+                f"{METADATA_VALUE_CHARS}, but got a string with length {len(value)} instead.",
+                where,
+                "string_above_max_length",
+            )
 
 
 def turn_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
@@ -210,6 +253,7 @@ def to_chat(
     for field, what in _UNSUPPORTED.items():
         if req.get(field):
             raise _err(f"'{field}': {what} are not supported by this gateway.", field)
+    check_metadata(req.get("metadata"))
     messages: list[dict[str, Any]] = []
     instructions = req.get("instructions")
     if instructions is not None:
@@ -702,8 +746,9 @@ class ResponseEvents:
 
 
 class ResponsesExchange:
-    def __init__(self, store: ResponseStore) -> None:
+    def __init__(self, store: ResponseStore, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
         self.store = store
+        self.max_depth = max_depth
         self.translated = False
         self.shape: ResponseShape
         self.history: list[dict[str, Any]] = []  # earlier turns and this turn's input
@@ -712,7 +757,7 @@ class ResponsesExchange:
         return headers.get("authorization")
 
     async def request(self, raw: bytes, ctx: Context) -> bytes:
-        req = parse(raw)
+        req = parse(raw, self.max_depth)
         for k in _IGNORED.intersection(req):
             del req[k]
         history: list[dict[str, Any]] = []
@@ -777,11 +822,13 @@ class ResponsesExchange:
 class ResponsesAPI:
     name = NAME
 
-    def __init__(self, store: ResponseStore) -> None:
+    def __init__(self, store: ResponseStore, max_depth: Callable[[], int] | None = None) -> None:
         self.store = store
+        # The policy's `server.max_json_depth`, read per request (it changes on reload).
+        self.max_depth = max_depth or (lambda: DEFAULT_MAX_DEPTH)
 
     def begin(self) -> ResponsesExchange:
-        return ResponsesExchange(self.store)
+        return ResponsesExchange(self.store, self.max_depth())
 
 
 def not_found(response_id: str) -> GatewayError:

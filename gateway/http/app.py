@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import orjson
 from fastapi import FastAPI
@@ -37,7 +38,7 @@ from gateway.http.admin import (
 )
 from gateway.http.drain import Drain
 from gateway.http.governance_admin import governance_router
-from gateway.http.protocol import configure_connections
+from gateway.http.protocol import RECORD_KEY, configure_connections
 from gateway.infra.shared_state import SharedState
 from gateway.infra.shares import Membership, Shares
 from gateway.observability import metrics
@@ -48,13 +49,14 @@ from gateway.observability.recent import RecentRequests
 from gateway.observability.tracing import Tracing
 from gateway.pipeline.explain import explain_http
 from gateway.pipeline.reply import on_finish
-from gateway.pipeline.stack import Pipeline, client_request_id
+from gateway.pipeline.stack import Pipeline, client_request_id, new_request_id
 from gateway.pipeline.stages.accept import read_body
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
 from gateway.resilience.degradation import Degradation
 from gateway.resilience.shared_breakers import SharedBreakers
 from gateway.runtime import Runtime
+from gateway.wire.request_checks import clip
 
 log = logging.getLogger("gateway")
 _CREATED = int(time.time())
@@ -76,6 +78,42 @@ def _rules_path(policy: Policy, policy_path: str | None) -> Path | None:
         # and the rules path is relative to where the policy is mounted, not to that folder.
         p = Path(os.path.abspath(policy_path)).parent / p
     return p
+
+
+# The access log's `endpoint` of a request no route answered (404, 405, refused by the protocol).
+_ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages.count_tokens",
+    "/v1/responses": "responses",
+    "/v1/models": "models.list",
+    "/v1/gateway/explain": "explain",
+}
+_ENDPOINT_PREFIXES = (
+    ("/v1/responses/", "responses"),
+    ("/v1/models/", "models.retrieve"),
+    ("/v1/gateway/deferred/", "deferred"),
+)
+
+
+def endpoint_of(path: str) -> str:
+    name = _ENDPOINTS.get(path)
+    if name is not None:
+        return name
+    for prefix, name in _ENDPOINT_PREFIXES:
+        if path.startswith(prefix):
+            return name
+    return "unknown"
+
+
+def shaped(err: GatewayError, path: str, headers: dict[str, str]) -> Response:
+    """`err` as the path's API writes errors (Anthropic's shape under /v1/messages)."""
+    if messages_api.owns_path(path):
+        status, body = messages_api.anthropic_error(err.status, err.message)
+        return Response(body, status_code=status, media_type="application/json", headers=headers)
+    return err.to_response(headers)
 
 
 def metrics_enabled() -> bool:
@@ -150,8 +188,16 @@ def create_app(
     drain = Drain()
     views = AdminViews(runtime, pipeline, reloader, recent, policy_path or "embedded")
 
+    def record_refused(status: int, path: str) -> str:
+        """A request the HTTP protocol answered itself (head too large or too slow, unparsable):
+        recorded like any other. Returns its request id (sent in its x-request-id)."""
+        ctx = Context(new_request_id(), time.perf_counter())
+        ctx.endpoint, ctx.status = endpoint_of(path), status
+        pipeline.record(ctx)
+        return ctx.request_id
+
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
         if runtime.snapshot.keys.open:
             log.warning(
                 "NO API KEYS CONFIGURED: the gateway is open to anyone who can reach it. "
@@ -184,7 +230,8 @@ def create_app(
         # requests in flight set it off every ~12 requests, ~20 us of CPU per request. Measured:
         # loadtests.cpu_ab, BENCHMARKS.md.
         gc.set_threshold(GC_GEN0_THRESHOLD, 10, 10)
-        yield
+        # Lifespan state: the HTTP protocol finds its hook there (gateway.http.protocol).
+        yield {RECORD_KEY: record_refused}
         drain.uninstall()
         if workers_metrics is not None:
             await workers_metrics.stop()
@@ -225,12 +272,21 @@ def create_app(
         return errors.bad_request(str(exc.errors()[:1])).to_response()
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        """The router's own answers (unknown URL, wrong method): in the path's API shape, and
+        recorded like every request (one access-log line, one metrics count)."""
         if exc.status_code == 404:
-            return errors.not_found("Unknown URL.", code="unknown_url").to_response()
-        if exc.status_code == 405:
-            return GatewayError(405, "Method not allowed.", code="method_not_allowed").to_response()
-        return GatewayError(exc.status_code, str(exc.detail)).to_response()
+            err = errors.not_found("Unknown URL.", code="unknown_url")
+        elif exc.status_code == 405:
+            err = GatewayError(405, "Method not allowed.", code="method_not_allowed")
+        else:
+            err = GatewayError(exc.status_code, str(exc.detail))
+        path: str = request.scope.get("path", "")
+        ctx = Context(client_request_id(request.headers.get("x-request-id")), time.perf_counter())
+        ctx.endpoint, ctx.status = endpoint_of(path), err.status
+        response = shaped(err, path, {**(exc.headers or {}), "x-request-id": ctx.request_id})
+        on_finish(response, lambda: pipeline.record(ctx))
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:
@@ -251,9 +307,13 @@ def create_app(
 
     # Other inbound APIs: translated to chat, the same pipeline (gateway.apis).
     stored = ResponseStore(state, lambda: runtime.snapshot.policy.responses)
+
+    def max_depth() -> int:
+        return runtime.snapshot.policy.server.max_json_depth
+
     inbound: dict[str, InboundAPI] = {
-        "/v1/messages": messages_api.MessagesAPI(),
-        "/v1/responses": responses_api.ResponsesAPI(stored),
+        "/v1/messages": messages_api.MessagesAPI(max_depth),
+        "/v1/responses": responses_api.ResponsesAPI(stored, max_depth),
     }
     app.state.inbound = inbound
 
@@ -321,7 +381,10 @@ def create_app(
             try:
                 await authenticate(ctx, exchange.authorization(request.headers))
                 raw = await read_body(request, runtime.snapshot.policy.server.max_body_bytes)
-                doc = await messages_api.count_tokens(raw, runtime.snapshot.policy.models)
+                policy = runtime.snapshot.policy
+                doc = await messages_api.count_tokens(
+                    raw, policy.models, policy.server.max_json_depth
+                )
                 return Response(orjson.dumps(doc), media_type="application/json", headers=headers)
             except GatewayError as e:
                 return await exchange.respond(e.to_response(headers), ctx)
@@ -331,7 +394,13 @@ def create_app(
     @app.post("/v1/gateway/explain")
     async def explain(request: Request) -> Response:
         """The routing decision for a request body, without sending it anywhere."""
-        return await explain_http(request, pipeline)
+
+        async def handle(ctx: Context) -> Response:
+            # Authenticated here too: the log line names the tenant (explain_http checks again).
+            await authenticate(ctx, request.headers.get("authorization"))
+            return await explain_http(request, pipeline)
+
+        return await recorded(request, "explain", handle)
 
     def _model_entry(name: str) -> dict[str, object]:
         snap = runtime.snapshot
@@ -351,17 +420,22 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
-        await governance.authenticate(runtime.snapshot, request.headers.get("authorization"))
-        return _json(
-            {"object": "list", "data": [_model_entry(n) for n in runtime.snapshot.policy.models]}
-        )
+        async def handle(ctx: Context) -> Response:
+            await authenticate(ctx, request.headers.get("authorization"))
+            models = runtime.snapshot.policy.models
+            return _json({"object": "list", "data": [_model_entry(n) for n in models]})
+
+        return await recorded(request, "models.list", handle)
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> Response:
-        await governance.authenticate(runtime.snapshot, request.headers.get("authorization"))
-        if model_id not in runtime.snapshot.policy.models:
-            raise errors.model_not_found(model_id)
-        return _json(_model_entry(model_id))
+        async def handle(ctx: Context) -> Response:
+            await authenticate(ctx, request.headers.get("authorization"))
+            if model_id not in runtime.snapshot.policy.models:
+                raise errors.model_not_found(clip(model_id))
+            return _json(_model_entry(model_id))
+
+        return await recorded(request, "models.retrieve", handle)
 
     @app.get("/health")
     async def health() -> Response:
@@ -401,14 +475,17 @@ def create_app(
     @app.get("/v1/gateway/deferred/{request_id}")
     async def deferred_result(request_id: str, request: Request) -> Response:
         """The replayed answer of a request that a degradation rule queued."""
-        principal = await governance.authenticate(
-            runtime.snapshot, request.headers.get("authorization")
-        )
-        tenant = principal.tenant
-        doc = await degradation.result(request_id, tenant)
-        if doc is None:
-            raise errors.not_found("No deferred request with this id.", code="deferred_not_found")
-        return _json(doc)
+
+        async def handle(ctx: Context) -> Response:
+            tenant = await authenticate(ctx, request.headers.get("authorization"))
+            doc = await degradation.result(request_id, tenant)
+            if doc is None:
+                raise errors.not_found(
+                    "No deferred request with this id.", code="deferred_not_found"
+                )
+            return _json(doc)
+
+        return await recorded(request, "deferred", handle)
 
     @app.post("/admin/reload")
     async def admin_reload(request: Request) -> Response:

@@ -3,7 +3,11 @@
 - Header timeout: a request's headers must arrive within `server.header_timeout_s` of its first
   byte (or of the connection opening); otherwise 408 (partial headers) or a plain close.
 - Body timeout: the body must arrive within `server.body_timeout_s` after the headers; otherwise
-  408 when no response has started, and the connection is closed. The app sees a disconnect.
+  the app reads a disconnect (READ_TIMEOUT_KEY set in the scope) and answers the 408 itself, in
+  its API's shape, with its request id and its access-log line; the connection then closes. An app
+  that has not answered within LATE_ANSWER_S gets a plain 408 written for it.
+- Head size: the request line and headers may take at most MAX_HEAD_BYTES (64 KiB, as h11);
+  beyond that 431, and the connection is closed before more is buffered.
 - Keep-alive timeout: `server.keepalive_timeout_s`.
 - Connection cap: at most `server.max_connections` client connections per worker, and never more
   than half the process's open-file limit; a new connection beyond it closes the connections that
@@ -15,25 +19,41 @@ protocol object, its parser and the last request's state alive until it fired. C
 every loss frees it at once.
 
 Limits are module state set by `configure_connections` (from the policy, in each worker process,
-and again on every reload).
+and again on every reload). What the protocol answers itself (431, a 408 for a head that never
+ended, 400 for an unparsable request) is recorded through the app's RECORD_KEY hook, found in the
+lifespan state: one access-log line and one metrics count, like every request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import http
 import logging
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from gateway.apis.messages import anthropic_error, owns_path
 from gateway.context import READ_TIMEOUT_KEY
+from gateway.errors import GatewayError
+
+if TYPE_CHECKING:
+    from uvicorn._types import ASGIReceiveEvent
 
 log = logging.getLogger("gateway.http")
 
-# Scope key set when the body timeout fired: the pipeline then records a 408, not a 499.
+# Largest request head (request line and headers), as h11's default: a larger one gets a 431.
+MAX_HEAD_BYTES = 64 * 1024
+# How long the app has to answer a body timeout's 408 itself before a plain one is written.
+LATE_ANSWER_S = 1.0
+# Lifespan-state key of the app's hook that records a request the protocol answered itself:
+# called with (status, path), returns the request id it was recorded under.
+RECORD_KEY = "gateway.record_refused"
+RecordRefused = Callable[[int, str], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +95,42 @@ def connection_cap() -> int:
     return _cap
 
 
-_408 = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-    b"connection: close\r\ncontent-length: %d\r\n\r\n%s"
-)
-_408_BODY = (
-    b'{"error":{"message":"The request was not received in time.",'
-    b'"type":"invalid_request_error","param":null,"code":"request_timeout"}}'
-)
+_TIMEOUT = ("The request was not received in time.", "request_timeout")
+_DISCONNECT: ASGIReceiveEvent = {"type": "http.disconnect"}
+
+
+def _path_of(url: bytes) -> str:
+    """The path of a (possibly partial) request target, for the error's shape and the log."""
+    path = url.split(b"?", 1)[0][:1024].decode("latin-1")
+    return path if path.startswith("/") else ""
+
+
+def error_response(
+    status: int, path: str, message: str, code: str, request_id: str | None = None
+) -> bytes:
+    """A whole error response that closes the connection, in the shape of the path's API."""
+    if owns_path(path):
+        _, body = anthropic_error(status, message)
+    else:
+        body = GatewayError(status, message, code=code).to_bytes()
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\n" % (
+        status,
+        http.HTTPStatus(status).phrase.encode(),
+    )
+    if request_id:
+        head += b"x-request-id: %s\r\n" % request_id.encode()
+    return head + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+class _Cycle(RequestResponseCycle):
+    """uvicorn's request cycle, except that once the body timeout fired the app reads a
+    disconnect while its answer can still be sent (uvicorn's own disconnect drops it)."""
+
+    async def receive(self) -> ASGIReceiveEvent:
+        message = await super().receive()
+        if READ_TIMEOUT_KEY in self.scope:
+            return _DISCONNECT
+        return message
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -94,6 +142,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._reading_body = False
         self._timer_kind: str | None = None
         self._idle_wait = False  # the header timer armed at connection start (no bytes yet)
+        self._head_open = False  # a request head began and has not ended
+        self._head_bytes = 0  # bytes of that head received in earlier reads
+        self._heads = 0  # request heads begun on this connection
+        self._read_len = 0  # bytes of the read being parsed
+        self._head_too_large = False
 
     # -- timers ---------------------------------------------------------------------------------
 
@@ -117,7 +170,27 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         if self._request_bytes:
-            self.transport.write(_408 % (len(_408_BODY), _408_BODY))
+            self._refuse(408, *_TIMEOUT)
+        else:
+            self.transport.close()
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        """Answer a request that never reached the app (its head too large, too slow or
+        unparsable), recorded through the app's hook, and close the connection."""
+        self._disarm()
+        if not self._idle():
+            # A pipelined head while an earlier request is answered: no answer can go in between.
+            self.transport.close()
+            return
+        path = _path_of(getattr(self, "url", b""))
+        request_id = None
+        record: RecordRefused | None = self.app_state.get(RECORD_KEY)
+        if record is not None:
+            try:
+                request_id = record(status, path)
+            except Exception as exc:  # noqa: BLE001 - the answer must still go out
+                log.exception("recording a refused request failed", exc_info=exc)
+        self.transport.write(error_response(status, path, message, code, request_id))
         self.transport.close()
 
     def _body_timeout(self) -> None:
@@ -126,12 +199,48 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing() or cycle is None:
             return
         cycle.scope[READ_TIMEOUT_KEY] = True  # type: ignore[literal-required]
+        if cycle.response_started or type(cycle) is not _Cycle:
+            self._late_answer()
+            return
+        # The app reads a disconnect now and answers the 408 (read_body); then the connection
+        # closes (keep_alive off). Nothing read after this counts.
+        cycle.keep_alive = False
+        self._reading_body = False
+        cycle.message_event.set()
+        self._arm(LATE_ANSWER_S, self._late_answer, "late")
+
+    def _late_answer(self) -> None:
+        """The plain 408 for an app that did not answer in time, then close."""
+        self._read_timer = self._timer_kind = None
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None:
+            return
         if not cycle.response_started:
-            self.transport.write(_408 % (len(_408_BODY), _408_BODY))
+            path = cycle.scope.get("path", "")
+            self.transport.write(error_response(408, path, *_TIMEOUT))
             cycle.response_started = cycle.response_complete = True
         cycle.disconnected = True
         cycle.message_event.set()
         self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """An unparsable request: uvicorn answers it in plain text, unrecorded; here in the
+        API's shape, recorded. Also where a head found too large while parsing ends up."""
+        if self._head_too_large:
+            self._refuse_head()
+        else:
+            self._refuse(400, msg, "invalid_http_request")
+
+    def _refuse_head(self) -> None:
+        self._refuse(
+            431,
+            f"The request line and headers are larger than {MAX_HEAD_BYTES} bytes.",
+            "request_header_fields_too_large",
+        )
+
+    def _head_size(self) -> int:
+        """The parsed head's size (request line and header lines; line ends counted as CRLF)."""
+        return len(self.url) + 16 + sum(len(n) + len(v) + 4 for n, v in self.headers)
 
     # -- protocol -------------------------------------------------------------------------------
 
@@ -174,7 +283,24 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if not self._request_bytes and not self._reading_body and self._idle():
             # First bytes of a new request on a kept-alive connection: its head must follow soon.
             self._request_bytes = True
+        in_head, in_body, heads = self._head_open, self._reading_body, self._heads
+        self._read_len = len(data)
         super().data_received(data)
+        if self.transport.is_closing():
+            return  # answered (an unparsable request) or closed
+        if self._head_open:
+            # A head is still incomplete after this read: count its bytes, whole reads only (a
+            # head ends in the read that completes it, so a complete request costs nothing).
+            if self._heads == heads:
+                self._head_bytes += len(data)
+            elif self._heads == heads + 1 and not in_head and not in_body:
+                self._head_bytes = len(data)  # it began this read
+            # Else it began after another request in this read: counted from the next read on.
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse_head()
+                return
+        if self._timer_kind == "late":
+            return  # a body timeout's 408 is being answered
         # Timers only for what is still incomplete after this read: a small request usually
         # arrives whole in one read and then needs none (no timer armed and cancelled per request).
         if self._reading_body:
@@ -186,11 +312,31 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         elif self._timer_kind is not None and not self._idle_wait:
             self._disarm()
 
+    def on_message_begin(self) -> None:
+        self._head_open = True
+        self._head_bytes = 0
+        self._heads += 1
+        super().on_message_begin()
+
     def on_headers_complete(self) -> None:
+        # A head that ended in a read larger than what it had left may be over the limit: its
+        # exact size then (rare: a read that size is a large body arriving with its head).
+        if (
+            self._head_bytes + self._read_len > MAX_HEAD_BYTES
+            and self._head_size() > MAX_HEAD_BYTES
+        ):
+            self._head_too_large = True
+            # Stops the parser: uvicorn answers through send_400_response, the 431 here.
+            raise ValueError("request head too large")
         self._request_bytes = False
         self._reading_body = True
         self._idle_wait = False
+        self._head_open = False
         super().on_headers_complete()
+        cycle = self.cycle
+        if type(cycle) is RequestResponseCycle:
+            # Same object, the body-timeout aware receive (no allocation, no reference cycle).
+            cycle.__class__ = _Cycle
 
     def on_message_complete(self) -> None:
         self._reading_body = False

@@ -127,7 +127,10 @@ def leading_text(body: Mapping[str, Any], cap: int) -> str:
             prompt = first
         else:  # token ids, or a batch of token id lists
             ids = prompt if isinstance(first, int) else first
-            prompt = ",".join(str(t) for t in ids[: cap // 2])
+            # Never raise on a shape the request check missed (a caller without it): no key.
+            if not isinstance(ids, list):
+                return ""
+            prompt = ",".join(str(t) for t in ids[: cap // 2] if type(t) is int)
     return prompt[:cap] if isinstance(prompt, str) else ""
 
 

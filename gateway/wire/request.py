@@ -19,6 +19,7 @@ from gateway.wire.request_checks import (
     below_min,
     check_fields,
     check_messages,
+    check_prompt,
     invalid_type,
     missing,
 )
@@ -58,7 +59,7 @@ class ParsedRequest:
 _missing = missing
 
 
-def _nested(limit: int) -> GatewayError:
+def nested(limit: int) -> GatewayError:
     return bad_request(
         f"The request body is nested more than {limit} levels deep.", code="invalid_json"
     )
@@ -91,6 +92,19 @@ def _too_deep(raw: bytes, body: Any, limit: int) -> bool:
     return False
 
 
+def is_depth_error(e: orjson.JSONDecodeError) -> bool:
+    """orjson's own nesting limit (1024) was hit: the body is too deep, not malformed."""
+    text = str(e).lower()
+    return "depth limit" in text or "recursion" in text
+
+
+def check_depth(raw: bytes, body: Any, limit: int = DEFAULT_MAX_DEPTH) -> None:
+    """400 when `body` (parsed from `raw`) nests deeper than `limit`: for the other inbound
+    APIs, whose raw body is parsed before its translation reaches `parse_request`."""
+    if _too_deep(raw, body, limit):
+        raise nested(limit)
+
+
 def parse_request(
     raw: bytes,
     endpoint: Endpoint,
@@ -104,13 +118,13 @@ def parse_request(
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        if "recursion" in str(e).lower():
-            raise _nested(max_depth) from None
+        if is_depth_error(e):
+            raise nested(max_depth) from None
         raise bad_request(f"The request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
     if _too_deep(raw, body, max_depth):
-        raise _nested(max_depth)
+        raise nested(max_depth)
     if not SDK_FIELDS.isdisjoint(body):
         for k in SDK_FIELDS.intersection(body):
             del body[k]
@@ -129,14 +143,12 @@ def parse_request(
         prompt = body.get("prompt")
         if prompt is None:
             raise _missing("prompt")
-        if not isinstance(prompt, (str, list)):
-            raise invalid_type("prompt", "one of a string or array", prompt)
+        check_prompt(prompt, "prompt", allow_empty=True)
     else:
         inp = body.get("input")
         if inp is None:
             raise _missing("input")
-        if not isinstance(inp, (str, list)):
-            raise invalid_type("input", "one of a string or array", inp)
+        check_prompt(inp, "input", allow_empty=False)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -145,7 +157,11 @@ def parse_request(
     if endpoint == "embeddings" and stream:
         raise bad_request("Embeddings cannot be streamed.", param="stream", code="invalid_value")
     check_fields(body, endpoint, stream)
-    max_tokens = _opt_int(body, "max_completion_tokens") or _opt_int(body, "max_tokens")
+    # Both checked when both are sent: the one not used must not pass unchecked to a provider.
+    max_completion = _opt_int(body, "max_completion_tokens")
+    max_tokens = _opt_int(body, "max_tokens")
+    if max_completion is not None:
+        max_tokens = max_completion
     for name in ("n", "best_of"):
         n = _opt_int(body, name)
         if n is not None and n > max_n:

@@ -22,6 +22,15 @@ from gateway.errors import GatewayError, bad_request
 
 # -- OpenAI's error wording -------------------------------------------------------------------
 
+# Longest client value echoed in an error message: a 100k-character model name is not echoed whole.
+ECHO_CHARS = 256
+
+
+def clip(value: Any, limit: int = ECHO_CHARS) -> str:
+    """A client value as echoed in an error message, cut to `limit` characters."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
 
 def _kind(v: Any) -> str:
     """How OpenAI names the type it got: `but got a string instead`."""
@@ -58,7 +67,7 @@ def invalid_value(param: str, got: Any, supported: tuple[str, ...]) -> GatewayEr
     names = [f"'{s}'" for s in supported]
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f", and {names[-1]}"
     return bad_request(
-        f"Invalid value: '{got}'. Supported values are: {listed}.",
+        f"Invalid value: '{clip(got)}'. Supported values are: {listed}.",
         param=param,
         code="invalid_value",
     )
@@ -172,6 +181,54 @@ def _stream_options(v: Any, p: str) -> None:
     for key in ("include_usage", "include_obfuscation"):
         if key in v:
             _boolean(v[key], f"{p}.{key}")
+
+
+# -- prompt (completions) and input (embeddings) --------------------------------------------
+
+# Token ids: non-negative and within int32 (every tokenizer's vocabulary is far smaller).
+MAX_TOKEN_ID = 2**31 - 1
+_PROMPT_KINDS = "one of a string, array of strings, array of integers, or array of integer arrays"
+
+
+def _token(v: Any, p: str) -> None:
+    if type(v) is not int:  # bool is not a token
+        raise invalid_type(p, "an integer", v)
+    if v < 0:
+        raise below_min(p, 0, v)
+    if v > MAX_TOKEN_ID:
+        raise _above(p, MAX_TOKEN_ID, v)
+
+
+def check_prompt(v: Any, p: str, *, allow_empty: bool) -> None:
+    """A completions `prompt` or embeddings `input` as OpenAI's schema has it: a string, or an
+    array of strings, of token ids, or of non-empty token id arrays (one kind throughout)."""
+    if type(v) is str:
+        return
+    if not isinstance(v, list):
+        raise invalid_type(p, _PROMPT_KINDS, v)
+    if not v:
+        if allow_empty:  # completions: an empty array of strings is in the schema
+            return
+        raise _empty(p)
+    first = v[0]
+    if type(first) is str:
+        for i, item in enumerate(v):
+            if type(item) is not str:
+                raise invalid_type(f"{p}[{i}]", "a string", item)
+    elif type(first) is int:
+        for i, item in enumerate(v):
+            _token(item, f"{p}[{i}]")
+    elif isinstance(first, list):
+        for i, ids in enumerate(v):
+            ip = f"{p}[{i}]"
+            if not isinstance(ids, list):
+                raise invalid_type(ip, "an array of integers", ids)
+            if not ids:
+                raise _empty(ip)
+            for j, item in enumerate(ids):
+                _token(item, f"{ip}[{j}]")
+    else:
+        raise invalid_type(f"{p}[0]", "one of a string, an integer, or an array of integers", first)
 
 
 # -- tools ------------------------------------------------------------------------------------
@@ -296,7 +353,7 @@ def _tool_pairing(body: dict[str, Any]) -> None:
         name = choice[kind]["name"]
         if not any(t.get("type") == kind and t[kind].get("name") == name for t in tools):
             raise bad_request(
-                f"Invalid value for 'tool_choice': no {kind} named '{name}' is specified in the "
+                f"Invalid value for 'tool_choice': no {kind} named '{clip(name)}' is specified in the "
                 "'tools' parameter.",
                 param="tool_choice",
             )
@@ -334,6 +391,9 @@ def _response_format(v: Any, p: str) -> None:
 # -- messages ---------------------------------------------------------------------------------
 
 ROLES = ("system", "assistant", "user", "function", "tool", "developer")
+# OpenAI's content part types, then those that OpenAI-compatible servers add (vLLM's video_url and
+# audio_url); anything else is a typo or another API's block, which every provider rejects.
+PART_TYPES = ("text", "image_url", "input_audio", "file", "refusal", "video_url", "audio_url")
 # Roles whose `content` is required (the assistant's may be null or absent: tool calls only).
 _PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
 _CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool", "function"})
@@ -401,7 +461,8 @@ def _content_parts(content: Any, p: str) -> None:
             raise missing(f"{pp}.type")
         if not isinstance(kind, str):
             raise invalid_type(f"{pp}.type", "a string", kind)
-        # Part types vary by provider (vLLM adds video_url...): only the text part is checked.
+        if kind not in PART_TYPES:
+            raise invalid_value(f"{pp}.type", kind, PART_TYPES)
         if kind == "text":
             text = part.get("text")
             if not isinstance(text, str):

@@ -11,13 +11,17 @@ from gateway.errors import GatewayError
 from gateway.pipeline.call import Call
 from gateway.pipeline.stage import Next
 from gateway.wire.request import parse_request
+from gateway.wire.request_checks import clip
 
 
 async def read_body(request: Request, limit: int, declared: str | None = None) -> bytes:
     if declared is None:
         declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise errors.too_large(limit)
+    if declared is not None and declared.isascii() and declared.isdigit():
+        # More digits than the limit has is larger than it (and int() of a huge string raises).
+        digits = declared.lstrip("0")
+        if len(digits) > len(str(limit)) or int(digits or "0") > limit:
+            raise errors.too_large(limit)
     chunks: list[bytes] = []
     size = 0
     try:
@@ -53,7 +57,7 @@ class Accept:
         if ctx.replay:
             acc.stream = False  # a replay's answer is stored, not streamed
         if acc.model not in call.snap.policy.models:
-            raise errors.model_not_found(acc.model)
+            raise errors.model_not_found(clip(acc.model))
         call.raw, call.acc = raw, acc
         call.sent = acc
         ctx.alias, ctx.stream = acc.model, acc.stream

@@ -34,8 +34,10 @@ JSON = "application/json"
 
 
 def clamp_ttl(header: str | None, policy_ttl_s: int) -> int:
-    """A client's `x-gateway-cache-ttl` may shorten the policy's TTL, never extend it."""
-    if header and header.isdigit() and len(header) <= 12:
+    """A client's `x-gateway-cache-ttl` may shorten the policy's TTL, never extend it; anything
+    but plain ASCII digits (str.isdigit also takes '²' and other scripts' digits, which int()
+    refuses or reads otherwise) is ignored."""
+    if header and len(header) <= 12 and header.isascii() and header.isdigit():
         return max(1, min(int(header), policy_ttl_s))
     return policy_ttl_s
 
