@@ -25,6 +25,7 @@ from gateway.apis.response_store import ResponseStore, new_response_id, valid_re
 from gateway.context import Context
 from gateway.errors import GatewayError, bad_request
 from gateway.wire.request import DEFAULT_MAX_DEPTH, check_depth, is_depth_error, nested
+from gateway.wire.request_checks import clip
 
 NAME = "responses"
 # Fields a client may send that only steer OpenAI's own platform: accepted, not forwarded.
@@ -254,6 +255,9 @@ def to_chat(
         if req.get(field):
             raise _err(f"'{field}': {what} are not supported by this gateway.", field)
     check_metadata(req.get("metadata"))
+    for flag in ("store", "stream", "parallel_tool_calls"):
+        if req.get(flag) is not None and not isinstance(req[flag], bool):
+            raise _err(f"Invalid type for '{flag}': expected a boolean.", flag, "invalid_type")
     messages: list[dict[str, Any]] = []
     instructions = req.get("instructions")
     if instructions is not None:
@@ -763,11 +767,12 @@ class ResponsesExchange:
         history: list[dict[str, Any]] = []
         prev = req.get("previous_response_id")
         if prev is not None:
-            record = await self.store.get(ctx.tenant, prev) if isinstance(prev, str) else None
+            ok = isinstance(prev, str) and valid_response_id(prev)
+            record = await self.store.get(ctx.tenant, prev) if ok else None
             if record is None:
                 raise GatewayError(
                     400,
-                    f"Previous response with id '{prev}' not found.",
+                    f"Previous response with id '{clip(prev)}' not found.",
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
@@ -834,7 +839,7 @@ class ResponsesAPI:
 def not_found(response_id: str) -> GatewayError:
     return GatewayError(
         404,
-        f"No response found with id '{response_id}'.",
+        f"No response found with id '{clip(response_id)}'.",
         param="response_id",
         code="response_not_found",
     )

@@ -373,6 +373,10 @@ def test_unsupported_and_invalid_requests(gw: GatewayServer, client: openai.Open
         ({"model": "chat"}, "input"),
         ({"model": "chat", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
         ({"model": "chat", "input": "x", "previous_response_id": "resp_nope"}, None),
+        ({"model": "chat", "input": "x", "previous_response_id": "r" * 100_000}, None),
+        ({"model": "chat", "input": "x", "previous_response_id": ["x"]}, None),
+        ({"model": "chat", "input": "x", "store": "x"}, "store"),
+        ({"model": "chat", "input": "x", "stream": "yes"}, "stream"),
     ]
     for body, param in cases:
         r = httpx.post(
@@ -383,6 +387,11 @@ def test_unsupported_and_invalid_requests(gw: GatewayServer, client: openai.Open
         assert set(validate_error["error"]) == {"message", "type", "param", "code"}
         if param is not None:
             assert validate_error["error"]["param"] == param
+        assert len(r.content) < 2000  # a client's value is echoed cut short
+    r = httpx.get(
+        gw.base_url + "/responses/" + "x" * 30_000, headers={"authorization": "Bearer key-a"}
+    )
+    assert r.status_code in (404, 414, 431) and len(r.content) < 2000
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="nope", input="x")
     with pytest.raises(openai.AuthenticationError):

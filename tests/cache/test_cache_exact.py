@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 
 import httpx
 import openai
@@ -180,3 +181,41 @@ def test_memory_cache_real_footprint_stays_near_its_bound() -> None:
         tracemalloc.stop()
     assert cache.bytes <= 2**20
     assert held < 1.5 * 2**20, f"{held / 2**20:.1f} MB held for a 1 MB cache"
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        b"<html>pwned</html>",
+        b'{"error": {"message": "planted"}}',
+        b'{"choices": "notalist"}',
+        b'{"choices": [{"message": {"content": 5}}]}',
+        b"\x80\x04\x95pickle",
+    ],
+)
+def test_an_entry_written_into_redis_is_checked_before_it_is_served(
+    gw, fleet, redis_url, redis_prefix, poison: bytes
+) -> None:
+    """Redis is written by other processes: an entry that is not a valid answer is a miss (and
+    replaced by the fresh answer), never a 200 of it or a 500, unary or streamed."""
+    import redis
+
+    first = post(gw, body(max_tokens=5))
+    assert first.headers["x-gateway-cache"] == "miss"
+    r = redis.Redis.from_url(redis_url)
+    keys = [k for k in r.scan_iter(match=f"*{redis_prefix}*exact*") if r.get(k) == first.content]
+    assert keys, "the answer was not stored in Redis"
+    for stream in (False, True):
+        for k in keys:
+            r.set(k, poison)
+        again = post(gw, body(max_tokens=5, stream=stream))
+        assert again.status_code == 200 and again.headers["x-gateway-cache"] == "miss"
+        if stream:
+            validate_sse(again.content)
+        else:
+            validate("CreateChatCompletionResponse", again.json())
+        deadline = time.monotonic() + 5
+        while any(r.get(k) == poison for k in keys):  # the fresh answer replaces it
+            assert time.monotonic() < deadline, "the invalid entry was never replaced"
+            time.sleep(0.01)
+    r.close()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from starlette.responses import Response
 
 from gateway.cache.exact import Store, cacheable, exact_key
@@ -27,10 +27,12 @@ from gateway.pipeline.call import Call
 from gateway.pipeline.reply import StreamReply, on_finish
 from gateway.pipeline.stage import Next
 from gateway.policy.schema import Alias, Policy
+from gateway.wire.answer_checks import InvalidAnswer, check_unary
 from gateway.wire.chunks import completion_to_events
 from gateway.wire.request import ParsedRequest
 
 JSON = "application/json"
+log = logging.getLogger("gateway.cache")
 
 
 def clamp_ttl(header: str | None, policy_ttl_s: int) -> int:
@@ -90,6 +92,7 @@ class Cache:
 
     def __init__(self, exact: Store, semantic: SemanticLayer, flights: SingleFlight) -> None:
         self.exact, self.semantic, self.flights = exact, semantic, flights
+        self.invalid_entries = 0  # cached entries found invalid (served as misses)
 
     async def __call__(self, call: Call, next: Next) -> Response:
         ctx, acc = call.ctx, call.acc
@@ -169,6 +172,10 @@ class Cache:
             if found is not None:
                 ctx.cache, ctx.similarity = "hit-semantic", found[1]
                 return found[0]
+        if not plan.write:
+            # The exact cache is off for this request (the alias, or a sampled request):
+            # identical requests do not share an answer either.
+            return None
         fut = self.flights.join(plan.key)
         if fut is None:
             plan.leader = True
@@ -206,18 +213,20 @@ class Cache:
         return await upstream
 
     def _from_cache(self, body: bytes, acc: ParsedRequest, ctx: Context) -> Response | None:
-        """The cached answer for the client; None (a miss) for an entry that is not a completion."""
+        """The cached answer for the client; None (a miss) for an entry that is not a valid
+        answer of the endpoint: entries come back from Redis, which other processes write (or
+        an older gateway that cached unchecked answers), so they are checked like an upstream's
+        answer before they are served, never a 500 or an HTML page as a 200."""
+        try:
+            completion = check_unary(acc.endpoint, body)
+        except InvalidAnswer as e:
+            self.invalid_entries += 1
+            log.warning("cached %s entry not served: %s", ctx.cache, e)
+            ctx.cache = "miss"
+            return None
         if not acc.stream:
             return Response(body, headers=ctx.headers(), media_type=JSON)
         include_usage = bool((acc.body.get("stream_options") or {}).get("include_usage"))
-        try:
-            completion = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            completion = None
-        if not isinstance(completion, dict):
-            # Written by an older gateway that cached unchecked answers: never a 500.
-            ctx.cache = "miss"
-            return None
         events = completion_to_events(completion, include_usage)
         return Response(b"".join(events), headers=ctx.headers(), media_type="text/event-stream")
 
