@@ -167,6 +167,7 @@ def create_app(
     def apply(new: Policy) -> str:
         version = runtime.apply_version(new)
         configure_connections(new.server)
+        degradation.use_rules(_rules_path(new, policy_path))
         return version
 
     reloader = PolicyReloader(policy_path, apply, state, replica_id())

@@ -8,6 +8,7 @@ fetches the replayed answer by request id.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -51,15 +52,49 @@ class Degradation:
         self.degraded = 0
         self.queued = 0
         self._queue_down = False
+        self._send: SendFn | None = None
+        self._swaps: set[asyncio.Task[None]] = set()
 
     async def start(self, send: SendFn) -> None:
+        self._send = send
         if self.rules is None:
             return
         await self.rules.start()
+        await self._start_workers()
+
+    async def _start_workers(self) -> None:
+        if self.workers or self._send is None:
+            return
         for q in {id(self.queue): self.queue, id(self.local_queue): self.local_queue}.values():
-            worker = ReplayWorker(q, send)
+            worker = ReplayWorker(q, self._send)
             await worker.start()
             self.workers.append(worker)
+
+    def use_rules(self, path: Path | None) -> None:
+        """A reloaded policy's rules folder, when it names another one: loaded and watched in
+        the background, then swapped in (the folder's own edits reload by themselves). A folder
+        that fails to load keeps the rules in force, as an edit inside the folder does."""
+        current = self.rules.path if self.rules is not None else None
+        if path == current:
+            return
+        task = asyncio.get_running_loop().create_task(self._swap(path))
+        self._swaps.add(task)
+        task.add_done_callback(self._swaps.discard)
+
+    async def _swap(self, path: Path | None) -> None:
+        new = RuleStore(path) if path is not None else None
+        if new is not None:
+            try:
+                await new.start()
+            except Exception as exc:  # noqa: BLE001 - a bad folder never replaces working rules
+                log.error("degradation rules %s not loaded, the previous ones stay: %s", path, exc)
+                return
+        old, self.rules = self.rules, new
+        if old is not None:
+            await old.stop()
+        if new is not None:
+            await self._start_workers()
+        log.warning("degradation rules now %s", path or "off (honest errors)")
 
     async def stop(self) -> None:
         for w in self.workers:

@@ -211,3 +211,32 @@ async def test_a_malformed_entry_never_holds_back_the_good_ones(
     assert doc["status"] == "done"
     assert queue.dropped == len(bad)
     assert await queue.depth() == 0  # dropped entries are acked and deleted, not left pending
+
+
+async def test_a_reload_naming_a_rules_folder_swaps_it_in(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`degradation.rules` changed by a reload takes effect (it was read once, at start)."""
+    from pathlib import Path
+
+    from gateway.resilience.degradation import Degradation
+
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(
+        "rules:\n  - name: sorry\n    match: {keywords: [hello]}\n    template: sorry\n"
+    )
+    deg = Degradation(None, None)
+    await deg.start(Upstream(0))
+    try:
+        assert deg.rules is None
+        deg.use_rules(Path(folder))
+        deadline = time.monotonic() + 5
+        while deg.rules is None:
+            assert time.monotonic() < deadline, "the rules folder was never swapped in"
+            await asyncio.sleep(0.01)
+        assert deg.rules.match("m", "c", "t", "hello there").name == "sorry"
+        assert deg.workers  # the replay workers run once there are rules
+        deg.use_rules(tmp_path / "missing")  # a folder that cannot load: the rules stay
+        await asyncio.sleep(0.2)
+        assert deg.rules is not None and deg.rules.path == folder
+    finally:
+        await deg.stop()
