@@ -15,9 +15,8 @@ from gateway.governance.cli import keys_app
 from gateway.policy.loader import (
     PolicyError,
     PolicyReport,
-    check_policy,
+    check_policy_file,
     load_policy,
-    read_policy_text,
 )
 
 app = typer.Typer(
@@ -178,51 +177,21 @@ def _installed(choice: str, module: str) -> str:
 
 
 def _check(file: Path) -> PolicyReport:
-    """The policy file's report, plus the gateway keys of the environment (GATEWAY_API_KEYS)."""
+    """The policy file's full report (rules files included, as on every reload), plus the gateway
+    keys of the environment (GATEWAY_API_KEYS)."""
     from gateway.governance.static_keys import KeyConfigError, KeyRing
 
     try:
-        report = check_policy(read_policy_text(file), str(file))
-    except PolicyError as e:
-        return PolicyReport(str(file), None, e.problems)
+        report = check_policy_file(file)
+    except Exception as e:  # noqa: BLE001 - a bad file is an error listed, never a traceback
+        return PolicyReport(str(file), None, [f"{file}: cannot be checked: {e!r}"])
     if report.policy is not None:
         try:
             KeyRing(report.policy.auth)
         except KeyConfigError as e:
             report.errors.append(str(e))
             report.policy = None
-    if report.policy is not None:
-        _check_rules(report.policy, file, report)
     return report
-
-
-def _check_rules(policy: Any, file: Path, report: PolicyReport) -> None:
-    """The degradation rules the policy names: they must load; names of models and classes they
-    match on that this policy does not have are warnings (the rule would never match here)."""
-    from gateway.http.app import _rules_path
-    from gateway.resilience.degrade_rules import RuleFileError, load_rules
-
-    path = _rules_path(policy, str(file))
-    if path is None:
-        return
-    try:
-        rules = load_rules(path)
-    except RuleFileError as e:
-        report.errors.append(f"degradation.rules: {e}")
-        report.policy = None
-        return
-    classes = {c.name for c in policy.classes} | {policy.default_class}
-    for rule in rules.rules:
-        for a in rule.match.aliases:
-            if a not in policy.models:
-                report.warnings.append(
-                    f"degradation rule '{rule.name}': match.aliases: unknown model '{a}'"
-                )
-        for c in rule.match.classes:
-            if c not in classes:
-                report.warnings.append(
-                    f"degradation rule '{rule.name}': match.classes: unknown class '{c}'"
-                )
 
 
 @policy_app.command("check")

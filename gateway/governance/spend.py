@@ -56,9 +56,18 @@ def period_end(period: str, when: float) -> float:
     return end.timestamp()
 
 
+# One request's cost at most (1M USD): Redis counters are 64-bit, and round() of inf raises.
+MAX_REQUEST_COST_NANO = 1_000_000 * NANO
+
+
 def cost_nano(prompt: int, completion: int, input_per_1m: float, output_per_1m: float) -> int:
     # USD per 1M tokens x tokens = micro-USD; x1000 = nano-USD.
-    return round((prompt * input_per_1m + completion * output_per_1m) * 1000)
+    cost = (prompt * input_per_1m + completion * output_per_1m) * 1000
+    if cost != cost or cost <= 0:  # nan, or nothing to charge
+        return 0
+    # A price the policy check should have refused (inf, absurdly large): charge the cap, so
+    # budgets still stop the spending rather than never seeing it.
+    return MAX_REQUEST_COST_NANO if cost >= MAX_REQUEST_COST_NANO else round(cost)
 
 
 @dataclass(slots=True)

@@ -17,7 +17,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.policy.schema import ENV_REF, GATEWAY_ENV_PREFIX, Policy
+from gateway.policy.crosscheck import (
+    Problem,
+    number_problems,
+    raw_number_problems,
+    reference_problems,
+)
+from gateway.policy.rules import check_rules
+from gateway.policy.schema import ENV_REF, GATEWAY_ENV_PREFIX, SKIP_REFERENCES, Policy
 from gateway.policy.source import MAX_BYTES, SourceMap, YamlLimitError, load_yaml
 
 # Variables a policy may never read: the gateway's own secrets.
@@ -48,17 +55,29 @@ class _Problems:
         self.smap = smap
         self.errors: list[str] = []
         self.warnings: list[str] = []
+        self.error_paths: set[str] = set()
 
-    def _fmt(self, path: str, message: str) -> str:
-        line = self.smap.line_of(path) if path and path != "<root>" else None
+    def _fmt(self, path: str, message: str, at: str | None, line: int | None) -> str:
+        at = path if at is None else at
+        if line is None:
+            line = self.smap.line_of(at) if at and at != "<root>" else None
         where = f" (line {line})" if line else ""
         return f"{path or '<root>'}: {message}{where}"
 
-    def error(self, path: str, message: str) -> None:
-        self.errors.append(self._fmt(path, message))
+    def error(
+        self, path: str, message: str, at: str | None = None, line: int | None = None
+    ) -> None:
+        self.error_paths.add(path)
+        self.errors.append(self._fmt(path, message, at, line))
 
-    def warn(self, path: str, message: str) -> None:
-        self.warnings.append(self._fmt(path, message))
+    def warn(self, path: str, message: str, at: str | None = None) -> None:
+        self.warnings.append(self._fmt(path, message, at, None))
+
+    def add(self, problem: Problem) -> None:
+        if problem.warning:
+            self.warn(problem.path, problem.message, problem.at)
+        else:
+            self.error(problem.path, problem.message, problem.at)
 
 
 def _secret_names(raw: dict[str, Any]) -> set[str]:
@@ -205,16 +224,47 @@ def check_policy(
     problems = _Problems(smap)
     if not isinstance(raw, dict):
         return PolicyReport(source, None, [f"{source}: a policy file must be a mapping"])
+    for d in smap.duplicates:
+        # PyYAML keeps the last value silently: a second block would replace the first unseen.
+        problems.error(d.path, f"duplicate key (first given on line {d.first_line})", line=d.line)
     data = _interpolate(raw, "", env, problems, _secret_names(raw))
     policy: Policy | None = None
     try:
-        policy = Policy.model_validate(data)
+        policy = Policy.model_validate(data, context={SKIP_REFERENCES: True})
     except ValidationError as e:
         _validation_problems(e, problems)
+    # On the plain document: reported even when a field above failed validation.
+    for p in reference_problems(data):
+        problems.add(p)
+    found = number_problems(policy) if policy is not None else raw_number_problems(data)
+    for p in found:
+        if p.path not in problems.error_paths:  # pydantic may have refused the same value
+            problems.add(p)
     _env_checks(data, env, problems)
     if problems.errors:
         policy = None
     return PolicyReport(source, policy, problems.errors, problems.warnings)
+
+
+def check_policy_file(
+    path: str | Path, env: Mapping[str, str] | None = None, text: str | None = None
+) -> PolicyReport:
+    """The full check of a policy file, as `gateway policy check`, start-up and every reload run
+    it: the policy itself and the degradation rules files it names. `text`: the file's text when
+    the caller has read it already (a reload hashes the very text it checked)."""
+    if text is None:
+        try:
+            text = read_policy_text(path)
+        except PolicyError as e:
+            return PolicyReport(str(path), None, e.problems)
+    report = check_policy(text, str(path), env)
+    if report.policy is not None:
+        errors, warnings = check_rules(report.policy, path)
+        report.errors.extend(errors)
+        report.warnings.extend(warnings)
+        if errors:
+            report.policy = None
+    return report
 
 
 def parse_policy(
@@ -238,7 +288,11 @@ def read_policy_text(path: str | Path) -> str:
 
 
 def load_policy(path: str | Path, env: Mapping[str, str] | None = None) -> Policy:
-    return parse_policy(read_policy_text(path), str(path), env)
+    """A policy file that passes the full check (rules files included), else PolicyError."""
+    report = check_policy_file(path, env)
+    if report.policy is None:
+        raise PolicyError(str(path), report.errors)
+    return report.policy
 
 
 def text_hash(text: str) -> str:

@@ -10,13 +10,21 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway.apis.response_store import StoredResponses
 from gateway.cache.exact import ExactSettings
 from gateway.cache.semantic_settings import SemanticRoute, SemanticSettings
 from gateway.governance.settings import Governance
 from gateway.infra.replicas import ReplicaSettings
+from gateway.policy.crosscheck import reference_problems
 from gateway.providers.settings import (
     AnthropicSettings,
     AzureSettings,
@@ -37,24 +45,37 @@ from gateway.wire.answer_checks import ResponseLimits
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@+-]+$")]
 
 
+# Validation context key: the loader runs the reference checks itself, on the plain document, so
+# that they are reported even when a field failed validation (the model validator would not run).
+SKIP_REFERENCES = "skip_references"
+# An attempt may stream for a long time, but not for days: larger values overflow socket timeouts.
+MAX_TIMEOUT_S = 86_400.0
+MAX_SERVER_TIMEOUT_S = 3_600.0
+MAX_PRICE = 1_000_000.0  # USD per 1M tokens
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf/nan: `.inf` passes `gt=0` but overflows timers and cost arithmetic at run time.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Timeouts(Strict):
     """Per-attempt limits. Each expiry is a distinct failure kind."""
 
-    connect_s: float = Field(2.0, gt=0, description="TCP/TLS connect.")
+    connect_s: float = Field(2.0, gt=0, le=MAX_TIMEOUT_S, description="TCP/TLS connect.")
     first_byte_s: float = Field(
-        30.0, gt=0, description="Until response headers / first stream chunk."
+        30.0, gt=0, le=MAX_TIMEOUT_S, description="Until response headers / first stream chunk."
     )
     idle_s: float = Field(
         30.0,
         gt=0,
+        le=MAX_TIMEOUT_S,
         description="Longest gap between two stream chunks; for a non-streamed answer, the time "
         "its body may take once the headers arrived (the upstream has the whole answer by then).",
     )
-    total_s: float = Field(600.0, gt=0, description="Whole attempt, streams included.")
+    total_s: float = Field(
+        600.0, gt=0, le=MAX_TIMEOUT_S, description="Whole attempt, streams included."
+    )
     unary_min_tps: float | None = Field(
         5.0,
         gt=0,
@@ -64,6 +85,18 @@ class Timeouts(Strict):
         "here: total_s.",
     )
 
+    @model_validator(mode="after")
+    def _first_byte_within_total(self) -> Timeouts:
+        # A first-byte limit given longer than the whole attempt can never fire: the policy is
+        # inverted. Defaults above a short total_s are fine (the attempt's total caps them);
+        # connect_s and idle_s above it are warnings of the policy check.
+        if "first_byte_s" in self.model_fields_set and self.first_byte_s > self.total_s:
+            raise ValueError(
+                f"total_s ({self.total_s:g}) is shorter than first_byte_s "
+                f"({self.first_byte_s:g}): that limit could never apply"
+            )
+        return self
+
     def unary_headers_s(self, max_tokens: int | None) -> float:
         """How long a non-streamed attempt may wait for the response headers."""
         if not max_tokens or self.unary_min_tps is None:
@@ -72,8 +105,8 @@ class Timeouts(Strict):
 
 
 class Price(Strict):
-    input_per_1m: float = Field(0.0, ge=0)
-    output_per_1m: float = Field(0.0, ge=0)
+    input_per_1m: float = Field(0.0, ge=0, le=MAX_PRICE)
+    output_per_1m: float = Field(0.0, ge=0, le=MAX_PRICE)
 
 
 class Provider(Strict):
@@ -207,6 +240,15 @@ class Pool(Strict):
         description="Hedged requests (off by default): a second member when the first is slow.",
     )
 
+    @field_validator("members", "fallback")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        # A member listed twice would get twice the traffic behind the balancer's back.
+        repeated = sorted({name for name in v if v.count(name) > 1})
+        if repeated:
+            raise ValueError(f"listed more than once: {', '.join(repeated)}")
+        return v
+
 
 class CachePolicy(Strict):
     exact: ExactSettings = ExactSettings()
@@ -263,13 +305,22 @@ class Server(Strict):
 
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     header_timeout_s: float = Field(
-        10.0, gt=0, description="A request's headers must arrive within this (else 408 / close)."
+        10.0,
+        gt=0,
+        le=MAX_SERVER_TIMEOUT_S,
+        description="A request's headers must arrive within this (else 408 / close).",
     )
     body_timeout_s: float = Field(
-        30.0, gt=0, description="A request's body must arrive within this after its headers."
+        30.0,
+        gt=0,
+        le=MAX_SERVER_TIMEOUT_S,
+        description="A request's body must arrive within this after its headers.",
     )
     keepalive_timeout_s: float = Field(
-        5.0, gt=0, description="An idle keep-alive connection is closed after this."
+        5.0,
+        gt=0,
+        le=MAX_SERVER_TIMEOUT_S,
+        description="An idle keep-alive connection is closed after this.",
     )
     max_connections: int = Field(
         4096,
@@ -297,7 +348,7 @@ class Degradation(Strict):
 
 
 class Policy(Strict):
-    version: int = 1
+    version: Literal[1] = Field(1, description="The policy format; 1 is the only one.")
     server: Server = Server()
     responses: StoredResponses = Field(
         default_factory=StoredResponses,
@@ -329,61 +380,14 @@ class Policy(Strict):
     models: dict[Name, Alias] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _references(self) -> Policy:
-        errors: list[str] = []
-        names = [c.name for c in self.classes]
-        if len(set(names)) != len(names):
-            errors.append("classes: class names must be unique")
-        known_classes = {*names, self.default_class}
-        routed = {cls for alias in self.models.values() for cls in alias.routes}
-        if (
-            "default_class" in self.model_fields_set
-            and self.classes
-            and self.default_class not in names
-            and self.default_class not in routed
-        ):
-            errors.append(
-                f"default_class: '{self.default_class}' is neither a class in classes nor routed "
-                f"by any model (classes: {', '.join(names)})"
-            )
-        for i, rule in enumerate(self.classes):
-            for j, a in enumerate(rule.aliases):
-                if a not in self.models:
-                    errors.append(f"classes.{i}.aliases.{j}: unknown model '{a}'")
-        for pname, provider in self.providers.items():
-            env = provider.api_key_env
-            if (
-                env
-                and self.provider_key_env_prefixes
-                and not env.startswith(tuple(self.provider_key_env_prefixes))
-            ):
-                errors.append(
-                    f"providers.{pname}.api_key_env: '{env}' does not start with an allowed prefix "
-                    f"({', '.join(self.provider_key_env_prefixes)})"
-                )
-        for pname, pool in self.pools.items():
-            for m in pool.members:
-                if m not in self.providers:
-                    errors.append(f"pools.{pname}.members: unknown provider '{m}'")
-            for f in pool.fallback:
-                if f not in self.pools:
-                    errors.append(f"pools.{pname}.fallback: unknown pool '{f}'")
-        for aname, alias in self.models.items():
-            if alias.pool not in self.pools:
-                errors.append(f"models.{aname}.pool: unknown pool '{alias.pool}'")
-            for cls, pool in alias.routes.items():
-                if pool not in self.pools:
-                    errors.append(f"models.{aname}.routes.{cls}: unknown pool '{pool}'")
-                if cls not in known_classes:
-                    errors.append(
-                        f"models.{aname}.routes.{cls}: unknown class '{cls}' (classes: "
-                        f"{', '.join(sorted(known_classes))})"
-                    )
-            if alias.fallback_alias and alias.fallback_alias not in self.models:
-                errors.append(
-                    f"models.{aname}.fallback_alias: unknown alias '{alias.fallback_alias}'"
-                )
-        errors.extend(self.governance.reference_errors(set(self.pools)))
+    def _references(self, info: ValidationInfo) -> Policy:
+        if info.context and info.context.get(SKIP_REFERENCES):
+            return self
+        errors = [
+            f"{p.path}: {p.message}"
+            for p in reference_problems(self.model_dump(exclude_unset=True))
+            if not p.warning
+        ]
         if errors:
             raise ValueError("; ".join(errors))
         return self

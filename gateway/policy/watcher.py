@@ -25,7 +25,7 @@ from gateway.infra.hub import Subscription
 from gateway.infra.shared_state import SharedState
 from gateway.policy.loader import (
     PolicyError,
-    check_policy,
+    check_policy_file,
     policy_fingerprint,
     read_policy_text,
     text_hash,
@@ -64,7 +64,8 @@ class PolicyReloader:
         if self.path is None:
             raise PolicyError("<none>", ["<file>: this gateway runs without a policy file"])
         text = read_policy_text(self.path)
-        report = check_policy(text, str(self.path))
+        # The same full check as `gateway policy check` and start-up: rules files included.
+        report = check_policy_file(self.path, text=text)
         if report.policy is None:
             raise PolicyError(str(self.path), report.errors)
         for w in report.warnings:

@@ -9,7 +9,8 @@ request streamed) built from ``template``; ``status`` >= 400 answers with an Ope
 instead, and ``queue: true`` tells the pipeline to defer the request for replay.
 
 :class:`RuleStore` hot-reloads the folder: a broken file is refused with a log line naming the
-file and field, and the rules in force stay.
+file, field and line, and the rules in force stay. The files' schema and loading are
+gateway.policy.rules (a policy is only accepted with rules that load).
 """
 
 from __future__ import annotations
@@ -18,156 +19,55 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
-import string
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
 
 from gateway.infra.filewatch import FileWatch
-from gateway.policy.source import MAX_BYTES, YamlLimitError, load_yaml
+
+# The rule files' schema and loading live in the policy layer (the policy check loads them too);
+# re-exported here, where the answering side has always found them.
+from gateway.policy.rules import (
+    PLACEHOLDERS,
+    DefaultRule,
+    Rule,
+    RuleFile,
+    RuleFileError,
+    RuleMatch,
+    RuleSet,
+    load_file,
+    load_rules,
+    rule_files,
+)
 
 log = logging.getLogger(__name__)
 
-PLACEHOLDERS = frozenset({"alias", "model", "request_id", "retry_after_s", "tenant", "class"})
 _ERROR_TYPES = {429: "rate_limit_exceeded", 503: "service_unavailable"}
 
-
-class RuleFileError(ValueError):
-    """A rule file that cannot be used; the message names the file and the field path."""
-
-    def __init__(self, file: str, field_path: str, problem: str) -> None:
-        self.file, self.field_path, self.problem = file, field_path, problem
-        where = f"{file}: {field_path}" if field_path else file
-        super().__init__(f"{where}: {problem}")
-
-
-def _casefold_all(values: list[str]) -> list[str]:
-    return [v.casefold() for v in values]
-
-
-class RuleMatch(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    aliases: list[str] = Field(default_factory=list)
-    classes: list[str] = Field(default_factory=list)
-    tenants: list[str] = Field(default_factory=list)
-    keywords: list[str] = Field(default_factory=list)
-    regex: str | None = None
-
-    _sets: tuple[frozenset[str], frozenset[str], frozenset[str]] = PrivateAttr()
-    _keywords: tuple[str, ...] = PrivateAttr()
-    _regex: re.Pattern[str] | None = PrivateAttr(default=None)
-
-    @field_validator("regex")
-    @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression: {exc}") from None
-        return value
-
-    @model_validator(mode="after")
-    def _compile(self) -> RuleMatch:
-        if not (self.aliases or self.classes or self.tenants or self.keywords or self.regex):
-            raise ValueError("a rule needs at least one criterion (use `default` for a catch-all)")
-        self._sets = (
-            frozenset(_casefold_all(self.aliases)),
-            frozenset(_casefold_all(self.classes)),
-            frozenset(_casefold_all(self.tenants)),
-        )
-        self._keywords = tuple(_casefold_all(self.keywords))
-        self._regex = re.compile(self.regex) if self.regex else None
-        return self
-
-    def matches(self, alias: str, cls: str, tenant: str, text: str, text_cf: str) -> bool:
-        aliases, classes, tenants = self._sets
-        if aliases and alias.casefold() not in aliases:
-            return False
-        if classes and cls.casefold() not in classes:
-            return False
-        if tenants and tenant.casefold() not in tenants:
-            return False
-        if self._keywords and not any(k in text_cf for k in self._keywords):
-            return False
-        return not (self._regex is not None and self._regex.search(text) is None)
-
-
-class DefaultRule(BaseModel):
-    """The answer itself; the catch-all ``default`` has nothing else."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(default="default", min_length=1)
-    template: str = Field(min_length=1)
-    status: int = Field(default=200, ge=200, le=599)
-    queue: bool = False
-    retry_after_s: float = Field(
-        default=30.0, ge=0, description="Used when the gateway knows none."
-    )
-
-    @field_validator("template")
-    @classmethod
-    def _known_placeholders(cls, value: str) -> str:
-        try:
-            parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(value)]
-        except ValueError as exc:
-            raise ValueError(
-                f"bad placeholder syntax ({exc}); write {{{{ }}}} for braces"
-            ) from None
-        used = [(f, spec, conv) for f, spec, conv in parsed if f is not None]
-        unknown = sorted({f for f, _, _ in used if f not in PLACEHOLDERS})
-        if unknown or any(spec or conv for _, spec, conv in used):
-            allowed = ", ".join(sorted(PLACEHOLDERS))
-            raise ValueError(
-                f"unknown placeholder {unknown or '(format spec)'}; allowed: {allowed}"
-            )
-        return value
-
-
-class Rule(DefaultRule):
-    name: str = Field(min_length=1)
-    match: RuleMatch
-
-
-class RuleFile(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    rules: list[Rule] = Field(default_factory=list)
-    default: DefaultRule | None = None
-
-
-@dataclass(frozen=True)
-class RuleSet:
-    """Rules of all files in order, plus the catch-all (if a file defines one)."""
-
-    rules: tuple[Rule, ...] = ()
-    default: DefaultRule | None = None
-    files: tuple[str, ...] = ()
-
-    def match(self, alias: str, cls: str, tenant: str, last_user_text: str) -> DefaultRule | None:
-        """First rule that matches, else the default, else None."""
-        text_cf = last_user_text.casefold()
-        for rule in self.rules:
-            if rule.match.matches(alias, cls, tenant, last_user_text, text_cf):
-                return rule
-        return self.default
+__all__ = [
+    "BUILTIN_DEFAULT",
+    "PLACEHOLDERS",
+    "DefaultRule",
+    "DegradeContext",
+    "DegradedResponse",
+    "Rule",
+    "RuleFile",
+    "RuleFileError",
+    "RuleMatch",
+    "RuleSet",
+    "RuleStore",
+    "last_user_text",
+    "load_file",
+    "load_rules",
+    "render",
+    "render_json",
+    "render_sse",
+    "render_text",
+    "rule_files",
+]
 
 
 BUILTIN_DEFAULT = DefaultRule(
@@ -190,76 +90,6 @@ def last_user_text(messages: Any) -> str:
                 return " ".join(p for p in parts if isinstance(p, str) and p)
             return ""
     return ""
-
-
-# ---- loading --------------------------------------------------------------------------------
-
-
-def _field_path(loc: Iterable[Any]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def load_file(path: Path) -> RuleFile:
-    """Parse and validate one YAML file; :class:`RuleFileError` names file and field."""
-    try:
-        # Bounded size and alias expansion, like policy files (a YAML bomb is refused).
-        if path.stat().st_size > MAX_BYTES:
-            raise YamlLimitError(f"the file is larger than {MAX_BYTES} bytes")
-        raw, _ = load_yaml(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RuleFileError(str(path), "", f"cannot read: {exc}") from None
-    except YamlLimitError as exc:
-        raise RuleFileError(str(path), "", f"refused: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        raise RuleFileError(str(path), where, f"invalid YAML: {exc}") from None
-    if raw is None:
-        raw = {}
-    try:
-        return RuleFile.model_validate(raw)
-    except ValidationError as exc:
-        errors = exc.errors()
-        problem = str(errors[0]["msg"]).removeprefix("Value error, ")
-        for more in errors[1:]:  # every problem at once: one edit fixes them all
-            problem += f"; {_field_path(more['loc'])}: {more['msg']}".replace("Value error, ", "")
-        raise RuleFileError(str(path), _field_path(errors[0]["loc"]), problem) from None
-
-
-def rule_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
-    return [path]
-
-
-def load_rules(path: str | Path) -> RuleSet:
-    """Load one rule file or every ``*.yaml``/``*.yml`` of a folder (in name order)."""
-    root = Path(path)
-    if not root.exists():
-        raise RuleFileError(str(root), "", "no such file or folder")
-    rules: list[Rule] = []
-    default: DefaultRule | None = None
-    default_file, names = "", dict[str, str]()
-    files = rule_files(root)
-    for file in files:
-        parsed = load_file(file)
-        for i, rule in enumerate(parsed.rules):
-            if rule.name in names:
-                raise RuleFileError(
-                    str(file),
-                    f"rules[{i}].name",
-                    f"{rule.name!r} already used in {names[rule.name]}",
-                )
-            names[rule.name] = str(file)
-            rules.append(rule)
-        if parsed.default is not None:
-            if default is not None:
-                raise RuleFileError(str(file), "default", f"a default is already in {default_file}")
-            default, default_file = parsed.default, str(file)
-    return RuleSet(tuple(rules), default, tuple(str(f) for f in files))
 
 
 # ---- rendering ------------------------------------------------------------------------------

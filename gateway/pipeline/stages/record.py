@@ -3,6 +3,7 @@ spend, metrics, access log, recent requests) after its answer was sent or its st
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ from gateway.pipeline.stage import Next
 from gateway.pipeline.stages.answer import answer_for
 
 Observer = Callable[[Context], None]
+log = logging.getLogger("gateway.record")
 
 
 class Record:
@@ -41,4 +43,13 @@ class Record:
     def record(self, ctx: Context) -> None:
         ctx.end = time.perf_counter()
         for observe in self.observers:
-            observe(ctx)
+            # Each on its own: one failing observer (spend, metrics) must not cost the request
+            # its access-log line or the other observations.
+            try:
+                observe(ctx)
+            except Exception:
+                log.exception(
+                    "observer %s failed for request %s",
+                    getattr(observe, "__qualname__", type(observe).__name__),
+                    ctx.request_id,
+                )
