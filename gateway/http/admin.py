@@ -239,7 +239,10 @@ def admin_router(views: AdminViews) -> APIRouter:
         doc = views.policy()
         if full:
             snap = runtime.snapshot
-            redactor = snap.redactor.extended(_interpolated_values(views.source))
+            # The values the running policy took from the environment, and those the file
+            # on disk names now (a refused reload's file may name others).
+            taken = [*snap.policy._interpolated, *_interpolated_values(views.source)]
+            redactor = snap.redactor.extended(taken)
             doc["policy"] = redacted_dump(snap.policy.model_dump(mode="json"), redactor)
         return _json(doc)
 

@@ -90,8 +90,26 @@ def _secret_names(raw: dict[str, Any]) -> set[str]:
     return names
 
 
+def _provider_key_names(raw: dict[str, Any]) -> set[str]:
+    """Variables named as provider keys (`api_key_env`): interpolated only under `providers.`,
+    where they go upstream; anywhere else (an alias's `owned_by`, a template) they would be
+    shown to clients."""
+    providers = raw.get("providers")
+    names: set[str] = set()
+    for p in providers.values() if isinstance(providers, dict) else []:
+        if isinstance(p, dict) and isinstance(p.get("api_key_env"), str):
+            names.add(p["api_key_env"])
+    return names
+
+
 def _interpolate(
-    node: Any, path: str, env: Mapping[str, str], problems: _Problems, secrets: set[str]
+    node: Any,
+    path: str,
+    env: Mapping[str, str],
+    problems: _Problems,
+    secrets: set[str],
+    provider_keys: frozenset[str] = frozenset(),
+    used: set[str] | None = None,
 ) -> Any:
     if isinstance(node, str):
 
@@ -100,6 +118,13 @@ def _interpolate(
             if name in secrets:
                 problems.error(path, f"${{{name}}} holds a gateway key and may not be used here")
                 return ""
+            if name in provider_keys and not path.startswith("providers."):
+                problems.error(
+                    path, f"${{{name}}} holds a provider key: only providers.* may use it"
+                )
+                return ""
+            if used is not None and name in env:
+                used.add(name)
             upstream = path.startswith("providers.") and ".headers." in path
             if upstream and name.upper().startswith(GATEWAY_ENV_PREFIX):
                 problems.error(path, f"${{{name}}}: GATEWAY_* variables are never sent upstream")
@@ -117,11 +142,16 @@ def _interpolate(
         return ENV_REF.sub(repl, node)
     if isinstance(node, dict):
         return {
-            k: _interpolate(v, f"{path}.{k}" if path else str(k), env, problems, secrets)
+            k: _interpolate(
+                v, f"{path}.{k}" if path else str(k), env, problems, secrets, provider_keys, used
+            )
             for k, v in node.items()
         }
     if isinstance(node, list):
-        return [_interpolate(v, f"{path}.{i}", env, problems, secrets) for i, v in enumerate(node)]
+        return [
+            _interpolate(v, f"{path}.{i}", env, problems, secrets, provider_keys, used)
+            for i, v in enumerate(node)
+        ]
     return node
 
 
@@ -227,10 +257,15 @@ def check_policy(
     for d in smap.duplicates:
         # PyYAML keeps the last value silently: a second block would replace the first unseen.
         problems.error(d.path, f"duplicate key (first given on line {d.first_line})", line=d.line)
-    data = _interpolate(raw, "", env, problems, _secret_names(raw))
+    used: set[str] = set()
+    keys = frozenset(_provider_key_names(raw))
+    data = _interpolate(raw, "", env, problems, _secret_names(raw), keys, used)
     policy: Policy | None = None
     try:
         policy = Policy.model_validate(data, context={SKIP_REFERENCES: True})
+        # The values this policy took from the environment: masked in every admin view of it
+        # (read from the policy in force, not from the file on disk, which may have moved on).
+        policy._interpolated = tuple(env[name] for name in sorted(used))
     except ValidationError as e:
         _validation_problems(e, problems)
     # On the plain document: reported even when a field above failed validation.

@@ -14,6 +14,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -349,6 +350,8 @@ class Degradation(Strict):
 
 class Policy(Strict):
     version: Literal[1] = Field(1, description="The policy format; 1 is the only one.")
+    # Values the loader took from environment variables: not a field (a file cannot set it).
+    _interpolated: tuple[str, ...] = PrivateAttr(default=())
     server: Server = Server()
     responses: StoredResponses = Field(
         default_factory=StoredResponses,

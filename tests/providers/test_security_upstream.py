@@ -339,6 +339,38 @@ models:
     assert r.json()["policy"]["models"]["m"]["owned_by"] == "[redacted]"
 
 
+def test_values_stay_masked_after_a_refused_reload_and_keys_stay_upstream(
+    hostile: HostileUpstream,
+) -> None:
+    """The admin view masks what the policy in force took from the environment, even after the
+    file on disk moved on; a provider key variable is never interpolated outside providers.*."""
+    policy = f"""
+providers:
+  a: {{base_url: 'http://127.0.0.1:{hostile.port}/ok/v1', api_key_env: HOSTILE_KEY}}
+pools:
+  p: {{members: [a]}}
+models:
+  m: {{pool: p, owned_by: '${{TEAM_NOTE}}'}}
+"""
+    env = {"HOSTILE_KEY": KEY, "TEAM_NOTE": "team-s3cr3tvalue42"}
+    with GatewayServer(policy, env=env) as g:
+        g.policy_path.write_text(
+            policy.replace("${TEAM_NOTE}", "plain").replace("pool: p,", "pool: nope,")
+        )
+        r = httpx.post(g.url + "/admin/reload")
+        assert r.json()["reloaded"] is False  # refused: the running policy stays
+        r = httpx.get(g.url + "/admin/policy", params={"full": "true"})
+        assert "team-s3cr3tvalue42" not in r.text
+    leaky = policy.replace("${TEAM_NOTE}", "${HOSTILE_KEY}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOSTILE_KEY", KEY)
+        from gateway.policy.loader import check_policy
+
+        report = check_policy(leaky, "policy.yaml")
+    assert report.policy is None
+    assert any("models.m.owned_by" in e and "provider key" in e for e in report.errors)
+
+
 # -- 2. A provider auth failure is the member's fault --------------------------------------------
 
 
