@@ -27,6 +27,7 @@ from gateway.policy.schema import Policy
 from gateway.routing.decision import Decision, decide
 from gateway.runtime import ProviderState, Snapshot
 from gateway.wire.request import Endpoint, ParsedRequest, parse_request
+from gateway.wire.request_checks import clip
 
 
 def infer_endpoint(body: object) -> str:
@@ -145,7 +146,7 @@ def resolve_endpoint(raw: bytes, endpoint: str | None) -> Endpoint:
         except orjson.JSONDecodeError:
             endpoint = "chat"
     if endpoint not in ("chat", "completions", "embeddings"):
-        raise errors.bad_request(f"Unknown endpoint '{endpoint}'.", param="endpoint")
+        raise errors.bad_request(f"Unknown endpoint '{clip(endpoint)}'.", param="endpoint")
     return endpoint  # type: ignore[return-value]
 
 
