@@ -11,8 +11,9 @@ loadtests/verifier_data.py) for four deciders:
 - verifier: candidates at cosine >= the retrieval floor, then the pair classifier's probability
   against a threshold (gateway/cache/verifier.py);
 - verifier+guards: the verifier, and the guards may still veto;
-- verifier, pair only: the verifier without the cache's shared-context check (which also judges
-  the clauses two long texts differ in, `gateway/cache/shared_context.py`).
+- verifier, pair only: the verifier without the cache's shared-context rule (two long texts
+  sharing most of their words are judged by the clauses they differ in,
+  `gateway/cache/shared_context.py`).
 
 Then a shared-cache run through the real `SemanticCache`: every first sentence of a set in one
 namespace, every second sentence asked (right / wrong / miss), as GPTCache's benchmark does.
@@ -45,6 +46,7 @@ from loadtests.train_verifier import embed_cosines
 from loadtests.verifier_data import (
     Pair,
     load_chat,
+    load_context_probe,
     load_near_misses,
     load_order_probe,
     load_paws,
@@ -69,9 +71,9 @@ def deciders() -> dict[str, tuple[Callable[[Pair], float], float]]:
         return v.probability(p.s2, p.s1, p.cosine) if p.cosine >= v.retrieval_floor else 0.0
 
     def verified(p: Pair) -> float:
-        """As the cache decides: the pair, and its differing clauses where a context is shared."""
+        """As the cache decides: the pair, or its differing clauses where a context is shared."""
         clauses = _CLAUSES.get((p.s1, p.s2))
-        return min(pair_only(p), pair_only(clauses)) if clauses is not None else pair_only(p)
+        return pair_only(clauses if clauses is not None else p)
 
     return {
         "floor (cosine)": (lambda p: p.cosine, DEFAULT_COSINE),
@@ -239,6 +241,7 @@ def main() -> None:
     sets = {
         "near_misses.tsv (hand-written)": load_near_misses(),
         "order_probe.tsv (hand-written)": load_order_probe(),
+        "context_probe.tsv (hand-written)": load_context_probe(),
         "chat_pairs.tsv holdout": [p for p in load_chat() if p.split == "holdout"],
         "written/*.tsv holdout": [p for p in load_written() if p.split == "holdout"],
         "unseen/*.tsv (domains never trained on)": load_unseen(),

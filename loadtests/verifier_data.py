@@ -134,6 +134,13 @@ def load_order_probe() -> list[Pair]:
     return load_tsv("order_probe.tsv", "order_probe", split="holdout")
 
 
+def load_context_probe() -> list[Pair]:
+    """Hand-written (2026-12-06, after a probe found the problem and before the check was
+    measured on it), evaluation only: one long context, then a question; the same question
+    reworded, or another question after the same context (40 pairs over 8 contexts)."""
+    return load_tsv("context_probe.tsv", "context_probe", split="holdout")
+
+
 def load_near_misses() -> list[Pair]:
     """Hand-written set, evaluation only: every pair is in the holdout split."""
     return load_tsv("near_misses.tsv", "near_misses", split="holdout")

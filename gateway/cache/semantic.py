@@ -277,7 +277,10 @@ class SemanticCache:
             top = -1.0
             scores = self.verifier.probabilities(text, [(e.text, sim) for sim, e in candidates])
             for (sim, entry), p in zip(candidates, scores, strict=True):
-                if p >= self._verifier_threshold and p > top and self._context_agrees(text, entry):
+                clauses = differing_clauses(text, entry.text)
+                if clauses is not None:
+                    p = self._clause_probability(*clauses)
+                if p >= self._verifier_threshold and p > top:
                     top, chosen = p, (sim, entry)
         else:
             first_reason = None
@@ -305,17 +308,18 @@ class SemanticCache:
             return False
         return self.worker.embedder.count_tokens(text) > limit
 
-    def _context_agrees(self, text: str, entry: Entry) -> bool:
-        """Where the two texts share a dominant context, the clauses that differ must be the
-        same question too (`shared_context`); on the worker thread, under the index lock."""
-        parts = differing_clauses(text, entry.text)
-        if parts is None or self.verifier is None:
-            return True
-        vectors = self.worker.embed_now(list(parts))
+    def _clause_probability(self, asked: str, cached: str) -> float:
+        """The verifier's probability for the clauses two texts sharing a dominant context
+        differ in (`shared_context`): with the context the same word for word, they are the
+        question. Judging the whole texts instead let different questions after one long
+        preamble through, and refused most rewordings (the model knows short questions); on
+        the worker thread, under the index lock."""
+        assert self.verifier is not None
+        vectors = self.worker.embed_now([asked, cached])
         cosine = float(vectors[0] @ vectors[1])
-        if cosine < self.verifier.retrieval_floor:
-            return False
-        return self.verifier.probability(parts[0], parts[1], cosine) >= self._verifier_threshold
+        if not cosine >= self.verifier.retrieval_floor:  # NaN too
+            return 0.0
+        return self.verifier.probability(asked, cached, cosine)
 
     async def store(
         self,

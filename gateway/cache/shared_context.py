@@ -4,8 +4,8 @@ A chat message often carries context and then a question ("Here is my router's m
 Question: how long is the warranty?"). Two such messages share most of their words, so their
 embeddings and lexical overlap say "the same" whatever the questions are: the verifier alone
 served "How long is the warranty?" the answer cached for "Does it support WPA3?" after the same
-manual. When the shared words dominate, the clauses that differ are judged as a pair of their
-own as well (`SemanticCache` requires both judgements to pass).
+manual. When the shared words dominate, `SemanticCache` judges the clauses that differ instead of
+the whole texts: with the context the same word for word, they are the question.
 """
 
 from __future__ import annotations
