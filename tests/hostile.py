@@ -581,6 +581,43 @@ class HostileUpstream:
         ]
         await self._sse(w, events)
 
+    # -- legal answers the translations must carry -------------------------------------------
+
+    async def mode_refusal(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        """The model refuses: `content` null and `refusal` set (streamed in two pieces)."""
+        model = req.get("model", "m")
+        if req.get("stream"):
+            events = [
+                _chunk(model, {"role": "assistant", "content": None, "refusal": ""}),
+                _chunk(model, {"refusal": "I can't help "}),
+                _chunk(model, {"refusal": "with that."}),
+                _chunk(model, {}, "stop"),
+                b"data: [DONE]\n\n",
+            ]
+            await self._sse(w, events)
+            return
+        doc = _completion(model, "x")
+        doc["choices"][0]["message"].update(content=None, refusal="I can't help with that.")
+        await self._respond(w, 200, json.dumps(doc).encode())
+
+    async def mode_resetafterdone(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        """A whole answer, `[DONE]` included, then the connection drops without the chunked
+        terminator (a proxy timing out the idle stream)."""
+        model = req.get("model", "m")
+        await self._start_chunked(w, "text/event-stream")
+        for ev in (
+            _chunk(model, {"role": "assistant", "content": ""}),
+            _chunk(model, {"content": "whole"}),
+            _chunk(model, {}, "stop"),
+            b"data: [DONE]\n\n",
+        ):
+            await self._chunk_out(w, ev)
+        w.transport.abort()
+
     # -- the key, disguised ------------------------------------------------------------------
 
     async def mode_splitkey(

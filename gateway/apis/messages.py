@@ -557,6 +557,10 @@ class MessageStream:
                 continue
             delta = c.get("delta") or {}
             text = delta.get("content")
+            if not (text and isinstance(text, str)):
+                # A refusal is the answer's text, as in a unary answer (Messages has no
+                # refusal block).
+                text = delta.get("refusal")
             if text and isinstance(text, str):
                 if self._text_head is None:
                     out += self._open(_TEXT_BLOCK)

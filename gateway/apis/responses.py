@@ -328,6 +328,17 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
     }
 
 
+def refusal_item(item_id: str, refusal: str) -> dict[str, Any]:
+    """A message whose content is the model's refusal (chat's `message.refusal`)."""
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "refusal", "refusal": refusal}],
+    }
+
+
 def call_item(item_id: str, call_id: str, name: str, args: str, status: str) -> dict[str, Any]:
     return {
         "id": item_id,
@@ -450,6 +461,8 @@ def output_of(completion: dict[str, Any]) -> tuple[list[dict[str, Any]], str | N
     text = msg.get("content") if isinstance(msg.get("content"), str) else None
     if text:
         items.append(message_item(_hex_id("msg_"), text))
+    elif isinstance(msg.get("refusal"), str) and msg["refusal"]:
+        items.append(refusal_item(_hex_id("msg_"), msg["refusal"]))
     for tc in msg.get("tool_calls") or []:
         fn = tc.get("function") or {}
         items.append(
@@ -468,7 +481,12 @@ def output_of(completion: dict[str, Any]) -> tuple[list[dict[str, Any]], str | N
 
 def assistant_turn(output: list[dict[str, Any]]) -> dict[str, Any]:
     """The answer as a chat assistant message (what a continuation sends back)."""
-    text = "".join(c["text"] for it in output if it["type"] == "message" for c in it["content"])
+    text = "".join(
+        c.get("text") or c.get("refusal") or ""
+        for it in output
+        if it["type"] == "message"
+        for c in it["content"]
+    )
     calls = [
         {
             "id": it["call_id"],
@@ -521,6 +539,7 @@ class ResponseEvents:
         # without quotes), and its text so far as JSON (joined into the item when it closes).
         self._delta: bytes | None = None
         self._texts: list[bytes] = []
+        self._refusals: list[str] = []  # a refusal's pieces, sent whole when the answer ends
         # Each output item as JSON once it is done (the completed response is written from them).
         self._done: dict[int, bytes] = {}
 
@@ -680,11 +699,40 @@ class ResponseEvents:
                 event = self.text_json(orjson.dumps(text)[1:-1])
                 assert event is not None
                 out.append(event)
+            refusal = delta.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                self._refusals.append(refusal)
             for tc in delta.get("tool_calls") or []:
                 out += self._tool(tc)
             if c.get("finish_reason"):
-                out += self._close()
+                out += self._refusal_events() + self._close()
                 self.finish_reason = c["finish_reason"]
+        return out
+
+    def _refusal_events(self) -> list[bytes]:
+        """The refusal gathered from the chunks, as one message item with a refusal part
+        (sent whole when the answer finishes: a refusal is short and arrives at once)."""
+        if not self._refusals:
+            return []
+        text, self._refusals = "".join(self._refusals), []
+        out = self._close()
+        item = refusal_item(_hex_id("msg_"), "")
+        item["status"], item["content"] = "in_progress", []
+        self.output.append(item)
+        at = {"item_id": item["id"], "output_index": len(self.output) - 1, "content_index": 0}
+        out.append(
+            self._ev("response.output_item.added", output_index=at["output_index"], item=dict(item))
+        )
+        part = {"type": "refusal", "refusal": ""}
+        out.append(self._ev("response.content_part.added", **at, part=part))
+        out.append(self._ev("response.refusal.delta", **at, delta=text))
+        out.append(self._ev("response.refusal.done", **at, refusal=text))
+        part = {"type": "refusal", "refusal": text}
+        out.append(self._ev("response.content_part.done", **at, part=part))
+        item["status"], item["content"] = "completed", [part]
+        out.append(
+            self._ev("response.output_item.done", output_index=at["output_index"], item=item)
+        )
         return out
 
     def _tool(self, tc: dict[str, Any]) -> list[bytes]:
@@ -727,7 +775,7 @@ class ResponseEvents:
         if self.ended:
             return []
         self.ended = True
-        out = self._start() + self._close()
+        out = self._start() + self._refusal_events() + self._close()
         if not self.output:
             # An empty answer is still one (empty) message, as for a unary answer.
             item = message_item(_hex_id("msg_"), "")

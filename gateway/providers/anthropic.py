@@ -509,6 +509,7 @@ class _StreamTranslator:
         "_splitter",
         "_tools",
         "_usage",
+        "_with_args",
         "_w",
     )
 
@@ -522,6 +523,7 @@ class _StreamTranslator:
         self._created = int(time.time())
         self._w: ChunkWriter | None = None
         self._tools: dict[int, int] = {}  # content block index -> tool call index
+        self._with_args: set[int] = set()  # tool calls that streamed some JSON
         self._input: dict[str, Any] = {}
         self._output = 0
 
@@ -553,8 +555,16 @@ class _StreamTranslator:
             elif d.get("type") == "input_json_delta" and d.get("partial_json"):
                 index = self._tools.get(e.get("index", -1))
                 if index is not None:
+                    self._with_args.add(index)
                     fn = {"arguments": d["partial_json"]}
                     out.append(w.delta({"tool_calls": [{"index": index, "function": fn}]}))
+        elif kind == "content_block_stop" and w is not None:
+            index = self._tools.get(e.get("index", -1))
+            if index is not None and index not in self._with_args:
+                # A tool without input streams no JSON at all: its arguments are "{}", as in
+                # the unary answer, never "" (which no client can parse).
+                fn = {"arguments": "{}"}
+                out.append(w.delta({"tool_calls": [{"index": index, "function": fn}]}))
         elif kind == "message_start":
             msg = e.get("message") or {}
             model = _str(msg.get("model")) or self._model

@@ -480,6 +480,7 @@ class StreamTranslator:
     _stopped: bool = False
     _started: bool = False
     _tool_index: dict[int, int] = field(default_factory=dict)  # block index -> tool call index
+    _with_args: set[int] = field(default_factory=set)  # tool calls that streamed some input
     _base: bytes = b""
 
     def __post_init__(self) -> None:
@@ -547,11 +548,19 @@ class StreamTranslator:
                     raise StreamError("bad_response", "tool input delta before its block start")
                 part = delta["toolUse"].get("input")
                 if isinstance(part, str) and part:
+                    self._with_args.add(k)
                     out.append(
                         self._chunk({"tool_calls": [{"index": k, "function": {"arguments": part}}]})
                     )
             return out
         if event_type == "contentBlockStop":
+            k = self._tool_index.get(payload.get("contentBlockIndex"))  # type: ignore[arg-type]
+            if k is not None and k not in self._with_args:
+                # A tool without input streams no JSON: its arguments are "{}", never "".
+                self._with_args.add(k)
+                return [
+                    self._chunk({"tool_calls": [{"index": k, "function": {"arguments": "{}"}}]})
+                ]
             return []
         if event_type == "messageStop":
             self._stopped = True

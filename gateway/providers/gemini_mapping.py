@@ -438,7 +438,10 @@ class GeminiStream:
 
     def _event(self, doc: Any) -> list[bytes]:
         if self.done:
-            raise StreamError("bad_response", "event after the end of the stream")
+            # Every candidate finished and `[DONE]` went out: a later event (a usage-only one)
+            # cannot change the answer, and failing here would turn a complete answer into an
+            # error after its end.
+            return []
         if not isinstance(doc, dict):
             raise StreamError("bad_response", "a stream event is not an object")
         if isinstance(doc.get("error"), dict):  # an error reported inside the stream
@@ -470,7 +473,8 @@ class GeminiStream:
             if reason and index not in self._finished:
                 self._finished.add(index)
                 out.append(self._delta(index, {}, _finish(reason, index in self._calls)))
-        if not cands and doc.get("promptFeedback", {}).get("blockReason"):
+        feedback = doc.get("promptFeedback")
+        if not cands and isinstance(feedback, dict) and feedback.get("blockReason"):
             out.append(self._delta(0, {"role": "assistant", "content": ""}, "content_filter"))
             self._finished = set(range(self.candidates))
         if len(self._finished) >= self.candidates:

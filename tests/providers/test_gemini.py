@@ -378,3 +378,21 @@ def test_stream_with_two_candidates() -> None:
         ch = c["choices"][0]
         by_index[ch["index"]] = by_index.get(ch["index"], "") + (ch["delta"].get("content") or "")
     assert by_index == {0: "a", 1: "b"} and st.done
+
+
+def test_an_event_after_the_end_does_not_break_a_finished_stream() -> None:
+    """A usage-only event after every candidate finished: the answer stands, nothing raises."""
+    st = GeminiStream("g", include_usage=True)
+    done = {
+        "candidates": [
+            {"content": {"role": "model", "parts": [{"text": "hi"}]}, "finishReason": "STOP"}
+        ],
+        "usageMetadata": {"promptTokenCount": 2, "candidatesTokenCount": 1},
+    }
+    out = st.feed(b"data: " + orjson.dumps(done) + b"\r\n\r\n")
+    assert out.endswith(b"data: [DONE]\n\n") and st.done
+    late = {
+        "usageMetadata": {"promptTokenCount": 2, "candidatesTokenCount": 1},
+        "promptFeedback": None,
+    }
+    assert st.feed(b"data: " + orjson.dumps(late) + b"\r\n\r\n") == b""

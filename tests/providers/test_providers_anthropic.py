@@ -311,3 +311,26 @@ def test_a_stream_opening_with_an_error_event_fails_with_its_kind() -> None:
     assert e.value.kind == "rate_limited"
     with pytest.raises(InvalidAnswer):  # an error of no known type stays a bad answer
         a.first_event_complete(_sse({"type": "error", "error": {"type": "odd_error"}}))
+
+
+def test_a_streamed_tool_without_input_has_empty_object_arguments() -> None:
+    """Anthropic streams no JSON for a tool that takes no input: the chat call's arguments are
+    "{}" as in the unary answer, never "" (which json.loads refuses)."""
+    stream = _sse(
+        {"type": "message_start", "message": {"id": "m", "model": "c", "usage": {}}},
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "tool_use", "id": "tu", "name": "now", "input": {}},
+        },
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": ""}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 2}},
+        {"type": "message_stop"},
+    )  # fmt: skip
+    out = adapter().stream("chat", {}, "claude-x")(stream)
+    chunks = [orjson.loads(e[6:]) for e in out.split(b"\n\n") if e and e != b"data: [DONE]"]
+    calls = [
+        tc for c in chunks if c["choices"] for tc in c["choices"][0]["delta"].get("tool_calls", [])
+    ]
+    assert "".join(t["function"]["arguments"] for t in calls) == "{}"
