@@ -70,15 +70,21 @@ class Redactor:
         return text
 
     def json(self, body: bytes, doc: Any) -> bytes:
-        """`body` (the JSON text of `doc`) redacted, escapes included: a key written with
-        `\\u0073k-...` escapes matches no byte string, so such a body is re-encoded plainly
-        first (only when it holds an escape and the plain text holds a secret)."""
-        if b"\\u" in body:
-            plain = orjson.dumps(doc)
-            masked = self.fragments(self.bytes(plain))
-            if masked != plain:
-                return masked
-        return self.bytes(body)
+        """`body` (the JSON text of `doc`) redacted: whole secrets, a secret's leading or
+        trailing part, and secrets hidden by escapes (`\\u0073k-...`, `\\/` in a base64
+        value: the body is then read as the decoded text). Where anything was masked, the
+        answer's `logprobs` go too: their tokens spell the same text in pieces."""
+        plain = orjson.dumps(doc) if has_escapes(body) else body
+        masked = self.fragments(self.bytes(plain))
+        if masked == plain:
+            return body
+        if b'"logprobs"' in masked:
+            redacted = orjson.loads(masked)
+            for choice in redacted.get("choices") or []:
+                if isinstance(choice, dict) and choice.get("logprobs") is not None:
+                    choice["logprobs"] = None
+            return orjson.dumps(redacted)
+        return masked
 
     def fragments(self, data: bytes) -> bytes:
         """`data` with every secret's leading or trailing run of `MIN_SECRET_LEN` or more
@@ -93,6 +99,12 @@ class Redactor:
         for s in self._texts:
             text = _mask_runs(text, s)
         return text
+
+
+def has_escapes(data: bytes) -> bool:
+    """Whether JSON text holds escapes that can hide a secret's characters (`\\uXXXX`, `\\/`;
+    a quote, a backslash or a control character is in no secret)."""
+    return b"\\u" in data or b"\\/" in data
 
 
 def _mask_edges(data: bytes, secret: bytes) -> bytes:
@@ -174,13 +186,23 @@ def strip_url_credentials(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+# Header names that carry credentials. Other configured headers (`HTTP-Referer`, `X-Title`,
+# `anthropic-version`) are not secrets: masking their values garbled ordinary text ("2023-06-01",
+# every "https://" when a referer was configured).
+_SECRET_HEADER = re.compile(
+    r"(?i)auth|key|token|secret|password|passwd|cookie|credential|signature"
+)
+
+
 def provider_secrets(base_url: str, headers: dict[str, str], api_key: str | None) -> list[str]:
     """Every secret value a provider's configuration holds."""
     out = [api_key] if api_key else []
-    for value in headers.values():
-        out.append(value)
+    for name, value in headers.items():
         scheme, _, token = value.partition(" ")
-        if token and scheme.lower() in ("bearer", "basic", "token"):
+        bearer = bool(token) and scheme.lower() in ("bearer", "basic", "token")
+        if bearer or _SECRET_HEADER.search(name) or _KEYLIKE.search(value):
+            out.append(value)
+        if bearer:
             out.append(token)
     out.extend(url_secrets(base_url))
     return [s for s in out if s]

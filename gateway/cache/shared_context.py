@@ -17,8 +17,11 @@ import re
 #: verifier's own business.
 MIN_SHARED_WORDS = 6
 MIN_SHARED_SHARE = 0.5
-# A word that ends a clause: what follows it starts a new one.
-_CLAUSE_END = re.compile(r"[.?!;:]['\")\]]*$")
+# A word that ends a clause: what follows it starts a new one. A line break ends one too (a
+# bulleted list, a question on its own line after a block of context).
+_CLAUSE_END = re.compile(r"[.?!;:]['\")\]]*$|^\n$")
+# Words, and each line break as a word of its own (str.split() would drop them).
+_WORDS = re.compile(r"[^\s]+|\n")
 
 
 def _clause_start(words: list[str], at: int) -> int:
@@ -39,7 +42,7 @@ def differing_clauses(a: str, b: str) -> tuple[str, str] | None:
     """The clauses of `a` and `b` that hold their differences, when the two share a dominant
     context (a common start and end of at least `MIN_SHARED_WORDS` words, half the shorter
     text); None otherwise, or when the difference spans every clause (nothing to narrow)."""
-    wa, wb = a.split(), b.split()
+    wa, wb = _WORDS.findall(a), _WORDS.findall(b)
     shortest = min(len(wa), len(wb))
     if shortest < MIN_SHARED_WORDS:
         return None
@@ -62,4 +65,8 @@ def differing_clauses(a: str, b: str) -> tuple[str, str] | None:
     if all(start == 0 and end == len(words) for start, end, words in ends):
         return None  # one clause each: the pair itself is what the verifier already judged
     (sa, ea, _), (sb, eb, _) = ends
-    return " ".join(wa[sa:ea]), " ".join(wb[sb:eb])
+    return _text(wa[sa:ea]), _text(wb[sb:eb])
+
+
+def _text(words: list[str]) -> str:
+    return " ".join(w for w in words if w != "\n")

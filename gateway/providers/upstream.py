@@ -67,15 +67,27 @@ def parse_retry_after(value: str | None) -> float | None:
     return failures.parse_retry_after(value)
 
 
+# What a rate-limit header holds: a count, a duration (`6m0s`, `20ms`, `1.5`) or a timestamp. A
+# value of any other form (text quoting a key, a debug blob) is not forwarded.
+_RATELIMIT_VALUE = re.compile(
+    r"(?:\d{1,19}(?:\.\d{1,9})?(?:ms|s|m|h|d)?)+"
+    r"|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2})?"
+)
+_MAX_RATELIMIT_HEADERS = 16
+
+
 def forwardable_headers(headers: Mapping[str, str], ratelimit: bool = False) -> dict[str, str]:
-    """The upstream headers a client may see: `x-ratelimit-*` when allowed, nothing else."""
+    """The upstream headers a client may see: `x-ratelimit-*` when allowed, nothing else, and
+    only values shaped like counts, durations or times (at most 16 of them)."""
     if not ratelimit:
         return {}
     out: dict[str, str] = {}
     for k, v in headers.items():
         k = k.lower()
-        if k.startswith(_RATELIMIT_PREFIX):
+        if k.startswith(_RATELIMIT_PREFIX) and len(v) <= 64 and _RATELIMIT_VALUE.fullmatch(v):
             out[k] = v
+            if len(out) >= _MAX_RATELIMIT_HEADERS:
+                break
     return out
 
 

@@ -21,7 +21,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.redact import MASK as REDACTED
-from gateway.redact import MIN_SECRET_LEN, Redactor
+from gateway.redact import MIN_SECRET_LEN, Redactor, has_escapes
 from gateway.wire.sse import DONE, event_data
 
 MIB = 1024 * 1024
@@ -240,6 +240,9 @@ def check_chunk(endpoint: str, payload: bytes) -> None:
     for choice in choices:
         if type(choice) is not dict:
             raise InvalidAnswer("a chunk's choice is not an object")
+        index = choice.get("index", 0)
+        if type(index) is not int or not 0 <= index < MAX_CHOICES:
+            raise InvalidAnswer("a chunk's choice index is not a small number")
         reason = choice.get("finish_reason")
         if reason is not None and type(reason) is not str:
             raise InvalidAnswer("a choice's finish_reason is not a string")
@@ -247,7 +250,9 @@ def check_chunk(endpoint: str, payload: bytes) -> None:
             _check_text(choice, "text")
             continue
         delta = choice.get("delta")
-        if type(delta) is dict and len(delta) <= 2 and delta.keys() <= _PLAIN_DELTA:
+        if type(delta) is not dict:  # `null` too: every SDK reads `choices[0].delta.content`
+            raise InvalidAnswer("a chunk's choice has no delta object")
+        if len(delta) <= 2 and delta.keys() <= _PLAIN_DELTA:
             text, role = delta.get("content"), delta.get("role")
             if (text is None or type(text) is str) and (role is None or type(role) is str):
                 continue
@@ -255,6 +260,8 @@ def check_chunk(endpoint: str, payload: bytes) -> None:
 
 
 _PLAIN_DELTA = frozenset({"role", "content"})
+# Choices a stream may number: far above any `n` a request may ask (`max_n`).
+MAX_CHOICES = 1024
 
 
 def completion_tokens(doc: dict[str, Any]) -> int | None:
@@ -398,7 +405,7 @@ class StreamCheck:
             for edge in self._edges:
                 if edge in block:
                     return -1
-            if b"\\u" in block:
+            if has_escapes(block):
                 return -1  # an escaped secret is found only once decoded
         pos = 0
         for _ in range(chunks):
@@ -456,7 +463,7 @@ class StreamCheck:
     def _redacted(self, ev: bytes, data: bytes) -> bytes:
         """The event with every secret, escaped secret and cut-off part of one masked."""
         assert self._redact is not None
-        if b"\\u" in data:
+        if has_escapes(data):
             plain = orjson.dumps(orjson.loads(data))
             masked = self._redact.fragments(self._redact.bytes(plain))
             if masked != plain:

@@ -78,3 +78,16 @@ def test_a_short_text_of_many_tokens_is_refused_not_cut() -> None:
 
     stored, outcome, reason = asyncio.run(run())
     assert not stored and (outcome, reason) == ("skipped", "too_long")
+
+
+def test_a_line_break_ends_a_clause() -> None:
+    """A bulleted context with no punctuation, then the question on its own line."""
+    sheet = (
+        "Product sheet\n- model X200 router\n- WPA3 supported\n- four LAN ports\n- guest network\n"
+    )
+    assert differing_clauses(
+        sheet + "How many LAN ports does it have?", sheet + "Is there a guest network?"
+    ) == (
+        "How many LAN ports does it have?",
+        "Is there a guest network?",
+    )

@@ -184,3 +184,63 @@ def test_retry_after_is_finite_and_bounded() -> None:
     assert not b.allow()
     now[0] = MAX_RETRY_AFTER_S + 1
     assert b.allow()
+
+
+def test_a_choice_has_a_delta_object_and_a_small_index() -> None:
+    for payload in (
+        b'{"choices": [{"index": 0, "delta": null}]}',
+        b'{"choices": [{"index": 1000000000, "delta": {}}]}',
+        b'{"choices": [{"index": "0", "delta": {}}]}',
+    ):
+        with pytest.raises(InvalidAnswer):
+            check_chunk("chat", payload)
+    check_chunk("chat", b'{"choices": [{"index": 1, "delta": {}, "finish_reason": "stop"}]}')
+
+
+def test_a_secret_written_with_escaped_slashes_is_masked() -> None:
+    secret = "abcd/efgh/ijkl/mnop+qrst=="
+    r = Redactor([secret])
+    body = b'{"choices":[{"message":{"content":"auth abcd\\/efgh\\/ijkl\\/mnop+qrst=="}}]}'
+    out = json.loads(r.json(body, json.loads(body)))
+    assert secret not in out["choices"][0]["message"]["content"]
+
+
+def test_logprobs_go_where_a_secret_was_masked() -> None:
+    """The tokens of `logprobs` spell the content in pieces: masking the content alone is not
+    enough."""
+    r = Redactor([KEY])
+    tokens = [{"token": KEY[i : i + 4], "logprob": -0.1} for i in range(0, len(KEY), 4)]
+    doc = {"choices": [{"message": {"content": "key=" + KEY}, "logprobs": {"content": tokens}}]}
+    body = json.dumps(doc).encode()
+    out = json.loads(r.json(body, doc))
+    assert out["choices"][0]["logprobs"] is None
+    assert KEY not in json.dumps(out)
+
+
+def test_only_credential_headers_are_secrets_and_ratelimit_values_are_numbers() -> None:
+    from gateway.providers.upstream import forwardable_headers
+    from gateway.redact import provider_secrets
+
+    headers = {
+        "HTTP-Referer": "https://myapp.example.com",
+        "X-Title": "My Application",
+        "anthropic-version": "2023-06-01",
+        "x-api-key": "abcdefgh12345",
+        "Authorization": "Bearer tok-123456789",
+    }
+    found = provider_secrets("http://h/v1", headers, "sk-live-12345678")
+    assert "2023-06-01" not in found and "https://myapp.example.com" not in found
+    assert {"abcdefgh12345", "tok-123456789", "sk-live-12345678"} <= set(found)
+    upstream = {
+        "x-ratelimit-remaining-requests": "99",
+        "x-ratelimit-reset-tokens": "6m0s",
+        "x-ratelimit-reset-at": "2026-12-06T03:00:00Z",
+        "x-ratelimit-key": KEY,
+        "x-ratelimit-debug": "key=" + KEY[3:],
+        **{f"x-ratelimit-n{i}": "1" for i in range(40)},
+    }
+    out = forwardable_headers(upstream, ratelimit=True)
+    assert len(out) <= 16 and not any(KEY[3:] in v for v in out.values())
+    assert (
+        out["x-ratelimit-remaining-requests"] == "99" and out["x-ratelimit-reset-tokens"] == "6m0s"
+    )
