@@ -54,6 +54,10 @@ class Redactor:
     def secret_bytes(self) -> tuple[bytes, ...]:
         return self._bytes
 
+    @property
+    def secret_texts(self) -> tuple[str, ...]:
+        return self._texts
+
     def __bool__(self) -> bool:
         return bool(self._bytes)
 

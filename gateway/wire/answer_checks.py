@@ -15,6 +15,7 @@ not ASCII (UTF-8 check) or that carry a secret.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -211,7 +212,7 @@ def _check_function(fn: Any) -> None:
             raise InvalidAnswer(f"a tool call's function {key} is not a string")
 
 
-def check_chunk(endpoint: str, payload: bytes) -> None:
+def check_chunk(endpoint: str, payload: bytes) -> dict[str, Any]:
     """One stream event's data: a JSON object of the endpoint's chunk shape, not an error.
 
     Per event on the hot path (about a microsecond): the usual chat delta (`role`, `content`)
@@ -230,11 +231,11 @@ def check_chunk(endpoint: str, payload: bytes) -> None:
     if usage is not None:
         _check_usage(usage)
     if endpoint != "chat" and endpoint != "completions":
-        return
+        return doc
     choices = doc.get("choices")
     if type(choices) is not list:
         if choices is None and type(usage) is dict:
-            return  # a usage-only chunk
+            return doc  # a usage-only chunk
         raise InvalidAnswer("a chunk has no 'choices' array")
     chat = endpoint == "chat"
     for choice in choices:
@@ -257,6 +258,7 @@ def check_chunk(endpoint: str, payload: bytes) -> None:
             if (text is None or type(text) is str) and (role is None or type(role) is str):
                 continue
         _check_delta(delta)
+    return doc
 
 
 _PLAIN_DELTA = frozenset({"role", "content"})
@@ -336,6 +338,194 @@ def first_event_complete(buf: bytes) -> bool:
         start = end + 2
 
 
+Key = tuple[int, str, int]
+
+
+class TextGuard:
+    """The provider's secrets masked in the text a stream's chunks carry, wherever the stream
+    cuts them: a key relayed a few characters per event matches no byte string in any event.
+
+    Per text (a choice's content or refusal, a tool call's arguments, a completion's text):
+    the last characters relayed are kept, so a secret that began in earlier events is found
+    and its rest masked; and a text ending in the first `HOLD_MIN` or more characters of a
+    secret is held back until the next piece says whether the secret follows (at most 3 of a
+    key's characters, its public prefix, can reach a client). Text held when its choice
+    finishes goes out with the finishing chunk, masked if it is 8 or more of a key's first
+    characters.
+    """
+
+    HOLD_MIN = 4
+
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        self.secrets = secrets
+        # A secret's first HOLD_MIN characters: a text whose window holds none of them can
+        # neither hold a secret nor end in the start of one (one scan each, the usual case).
+        self.heads = tuple({x[: self.HOLD_MIN] for x in secrets})
+        # What is kept of the text relayed: a secret begun there has fewer than HOLD_MIN of its
+        # characters in it (a longer start is held back), so HOLD_MIN - 1 are enough.
+        self.keep = self.HOLD_MIN - 1
+        self.tails: dict[Key, str] = {}
+        self.held: dict[Key, str] = {}
+        self.last: dict[str, Any] = {}  # the last chunk (its id, created, model: a flush chunk)
+
+    @staticmethod
+    def _texts(doc: dict[str, Any], endpoint: str) -> list[tuple[dict[str, Any], str, Key]]:
+        choices = doc.get("choices")
+        if not choices:
+            return []
+        if endpoint == "chat" and len(choices) == 1:  # the usual chunk: one plain delta
+            choice = choices[0]
+            delta = choice.get("delta") or {}
+            if len(delta) <= 2 and delta.keys() <= _PLAIN_DELTA:
+                text = delta.get("content")
+                if type(text) is not str:
+                    return []
+                return [(delta, "content", (choice.get("index", 0), "content", 0))]
+        return list(TextGuard._all_texts(choices, endpoint))
+
+    @staticmethod
+    def _all_texts(
+        choices: list[dict[str, Any]], endpoint: str
+    ) -> Iterator[tuple[dict[str, Any], str, Key]]:
+        for choice in choices:
+            i = choice.get("index", 0)
+            if endpoint != "chat":
+                if type(choice.get("text")) is str:
+                    yield choice, "text", (i, "text", 0)
+                continue
+            delta = choice.get("delta") or {}
+            for name in ("content", "refusal"):
+                if type(delta.get(name)) is str:
+                    yield delta, name, (i, name, 0)
+            for call in delta.get("tool_calls") or ():
+                fn = call.get("function")
+                if type(fn) is dict and type(fn.get("arguments")) is str:
+                    yield fn, "arguments", (i, "tool", call.get("index", 0))
+
+    def _hold(self, text: str) -> int:
+        """How many of `text`'s last characters may begin a secret (0 when fewer than HOLD_MIN)."""
+        best = 0
+        for secret in self.secrets:
+            first, start = secret[0], max(0, len(text) - len(secret) + 1)
+            p = text.find(first, start)
+            while p >= 0 and len(text) - p >= self.HOLD_MIN:
+                if secret.startswith(text[p:]):
+                    best = max(best, len(text) - p)
+                    break  # the earliest start is the longest
+                p = text.find(first, p + 1)
+        return best
+
+    def step(self, doc: dict[str, Any], endpoint: str) -> bool:
+        """Note a chunk's text as relayed and return True when `apply` would leave it as it
+        is (no secret, no text ending in one's start; the caller makes sure nothing is held).
+        On False the caller restores `tails` (saved before its first step) and calls `apply`.
+        """
+        tails, keep = self.tails, self.keep
+        for container, name, key in self._texts(doc, endpoint):
+            text = container[name]
+            if not text:
+                continue
+            window = tails.get(key, "") + text
+            for head in self.heads:
+                if head in window and (
+                    any(x in window for x in self.secrets) or self._hold(window)
+                ):
+                    return False
+            tails[key] = window[-keep:]
+        self.last = doc
+        return True
+
+    def apply(self, doc: dict[str, Any], endpoint: str) -> bool:
+        """Mask and hold back in place; True when the chunk changed."""
+        changed = False
+        masked_choices: set[int] = set()
+        for container, name, key in list(self._texts(doc, endpoint)):
+            text = self.held.pop(key, "") + container[name]
+            tail = self.tails.get(key, "")
+            masked = self._mask(tail, text)
+            # A secret's start may begin in what went out already (fewer than HOLD_MIN of its
+            # characters): the rest, here, is held all the same.
+            hold = min(self._hold(tail + masked), len(masked))
+            out = masked[: len(masked) - hold]
+            if hold:
+                self.held[key] = masked[len(masked) - hold :]
+            if masked != text:
+                masked_choices.add(key[0])
+            if out != container[name]:
+                container[name] = out
+                changed = True
+            if out:
+                self.tails[key] = (tail + out)[-self.keep :]
+        for choice in doc.get("choices") or ():
+            i = choice.get("index", 0)
+            if i in masked_choices and choice.get("logprobs") is not None:
+                choice["logprobs"] = None  # its tokens spell the masked text
+                changed = True
+            if choice.get("finish_reason") is not None:
+                changed = self._flush_into(choice, i, endpoint) or changed
+        self.last = doc
+        return changed
+
+    def _mask(self, tail: str, text: str) -> str:
+        """`text` with every part of a secret found in `tail + text` masked (the part in
+        `tail` has gone already)."""
+        window, off = tail + text, len(tail)
+        spans = []
+        for secret in self.secrets:
+            p = window.find(secret)
+            while p >= 0:
+                if p + len(secret) > off:
+                    spans.append((max(0, p - off), p + len(secret) - off))
+                p = window.find(secret, p + 1)
+        if not spans:
+            return text
+        spans.sort()
+        out, last = [], 0
+        for a, b in spans:
+            if a < last:
+                a = last
+            if b <= a:
+                continue
+            out += [text[last:a], REDACTED]
+            last = b
+        return "".join(out) + text[last:]
+
+    def _flushed(self, key: Key) -> str:
+        text = self.held.pop(key, "")
+        return REDACTED if len(text) >= MIN_SECRET_LEN else text
+
+    def _flush_into(self, choice: dict[str, Any], i: int, endpoint: str) -> bool:
+        """A finishing choice takes what is still held for it."""
+        keys = [k for k in self.held if k[0] == i]
+        if not keys:
+            return False
+        for key in keys:
+            text = self._flushed(key)
+            if endpoint != "chat":
+                choice["text"] = (choice.get("text") or "") + text
+                continue
+            delta = choice.setdefault("delta", {})
+            if key[1] in ("content", "refusal"):
+                delta[key[1]] = (delta.get(key[1]) or "") + text
+            else:
+                calls = delta.setdefault("tool_calls", [])
+                calls.append({"index": key[2], "function": {"arguments": text}})
+        return True
+
+    def flush(self, endpoint: str) -> list[dict[str, Any]]:
+        """Chunks for what is still held when the stream ends without finishing its choices."""
+        out = []
+        for i in sorted({k[0] for k in self.held}):
+            choice: dict[str, Any] = (
+                {"index": i, "delta": {}} if endpoint == "chat" else {"index": i}
+            )
+            self._flush_into(choice, i, endpoint)
+            choice["finish_reason"] = None
+            meta = {k: self.last[k] for k in ("id", "object", "created", "model") if k in self.last}
+            out.append({**meta, "choices": [choice]})
+        return out
+
+
 class StreamCheck:
     """Per upstream stream: size bound, end marker, chunk shapes, error events, UTF-8 and
     secret redaction."""
@@ -346,6 +536,7 @@ class StreamCheck:
         "_carry",
         "_edges",
         "_endpoint",
+        "_guard",
         "_last",
         "_limit",
         "_prev",
@@ -367,6 +558,8 @@ class StreamCheck:
         self._edges = tuple(
             edge for s in self._secrets for edge in (s[:MIN_SECRET_LEN], s[-MIN_SECRET_LEN:])
         )
+        texts = redact.secret_texts if redact is not None else ()
+        self._guard = TextGuard(texts) if texts and endpoint in ("chat", "completions") else None
         self._size = 0
         self.chunks = 0  # JSON chunks seen: a stream of `[DONE]` alone answered nothing
         self.done = False  # `[DONE]` seen
@@ -407,13 +600,23 @@ class StreamCheck:
                     return -1
             if has_escapes(block):
                 return -1  # an escaped secret is found only once decoded
+        guard = self._guard
+        if guard is not None and guard.held:
+            return -1  # text held back goes out with the next event: the slow path
         pos = 0
+        docs = []
         for _ in range(chunks):
             end = block.index(b"}\n\n", pos) + 1
             if not block.startswith(b"data: {", pos):
                 return -1  # another field or layout: the slow path says what it is
-            check_chunk(self._endpoint, block[pos + 6 : end])
+            docs.append(check_chunk(self._endpoint, block[pos + 6 : end]))
             pos = end + 2
+        if guard is not None:
+            endpoint, saved = self._endpoint, dict(guard.tails)
+            for doc in docs:
+                if not guard.step(doc, endpoint):
+                    guard.tails = saved  # the slow path goes over these events again
+                    return -1
         self.chunks += chunks
         if done:
             self.done = True
@@ -438,6 +641,9 @@ class StreamCheck:
         """One whole event as it may be relayed (redacted, valid UTF-8); raises InvalidAnswer."""
         if b"[DONE]" in ev and ev.rstrip().endswith(b"[DONE]") and _DATA.search(ev):
             self.done = True
+            if self._guard is not None and self._guard.held:
+                flushed = self._guard.flush(self._endpoint)
+                return b"".join(b"data: " + orjson.dumps(d) + b"\n\n" for d in flushed) + ev
             return ev
         if b'"error"' in ev and _ERROR_EVENT.search(ev):
             raise InvalidAnswer("the provider sent an error event")
@@ -449,8 +655,17 @@ class StreamCheck:
         if data is not None:
             # A chunk is a JSON object of the endpoint's shape: anything else (cut JSON, text,
             # a list, an error) is what no client can use.
-            check_chunk(self._endpoint, data)
+            doc = check_chunk(self._endpoint, data)
             self.chunks += 1
+            guard = self._guard
+            if guard is not None:
+                saved = dict(guard.tails) if not guard.held else None
+                if saved is None or not guard.step(doc, self._endpoint):
+                    if saved is not None:
+                        guard.tails = saved  # step noted part of it: apply goes over it all
+                    if guard.apply(doc, self._endpoint):
+                        data = orjson.dumps(doc)
+                        ev = b"data: " + data + b"\n\n"
             if self._redact is not None:
                 ev = self._redacted(ev, data)
         else:  # comments (keep-alives) and SSE fields pass; a line of anything else does not

@@ -244,3 +244,65 @@ def test_only_credential_headers_are_secrets_and_ratelimit_values_are_numbers() 
     assert (
         out["x-ratelimit-remaining-requests"] == "99" and out["x-ratelimit-reset-tokens"] == "6m0s"
     )
+
+
+def _relay_stream(check: StreamCheck, events: list[dict]) -> list[dict]:
+    """Each chunk through the relay's paths (as a block, else event by event), then [DONE]."""
+    out = []
+    for doc in [*events, None]:
+        ev = b"data: [DONE]\n\n" if doc is None else b"data: " + json.dumps(doc).encode() + b"\n\n"
+        n = check.block(ev)
+        relayed = ev if n >= 0 else check.event(ev)
+        for part in relayed.split(b"\n\n"):
+            if part.startswith(b"data: {"):
+                out.append(json.loads(part[6:]))
+    return out
+
+
+def _leaks(text: str) -> list[str]:
+    """Runs of 4 or more of the key's characters past its 3-character public prefix."""
+    return [KEY[i : i + 4] for i in range(1, len(KEY) - 3) if KEY[i : i + 4] in text]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 7, 9, 13])
+@pytest.mark.parametrize("field", ["content", "arguments", "text"])
+def test_a_key_streamed_a_few_characters_at_a_time_is_masked(size: int, field: str) -> None:
+    """A key relayed token by token matches no byte string in any event: the text is
+    followed across events, and a possible start of a key held back until it is known."""
+    text = 'key="' + KEY + '" and more text'
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+
+    def chunk(piece: str) -> dict:
+        if field == "text":
+            return {"choices": [{"index": 0, "text": piece}]}
+        if field == "arguments":
+            call = {"index": 0, "function": {"arguments": piece}}
+            return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+        return {"choices": [{"index": 0, "delta": {"content": piece}}]}
+
+    endpoint = "completions" if field == "text" else "chat"
+    check = StreamCheck(ResponseLimits(), Redactor([KEY]), endpoint)
+    finish = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    if endpoint == "completions":
+        finish = {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}
+    out = _relay_stream(check, [chunk(p) for p in pieces] + [finish])
+
+    def text_of(c: dict) -> str:
+        ch = c["choices"][0]
+        if field == "text":
+            return ch.get("text") or ""
+        if field == "arguments":
+            return "".join(t["function"]["arguments"] for t in ch["delta"].get("tool_calls", []))
+        return ch["delta"].get("content") or ""
+
+    joined = "".join(text_of(c) for c in out)
+    assert not _leaks(joined), joined
+    assert "[redacted]" in joined and joined.endswith('" and more text')
+
+
+def test_held_text_goes_out_when_the_stream_ends_without_finishing() -> None:
+    check = StreamCheck(ResponseLimits(), Redactor([KEY]))
+    events = [{"id": "c", "choices": [{"index": 0, "delta": {"content": "see " + KEY[:6]}}]}]
+    out = _relay_stream(check, events)
+    joined = "".join(c["choices"][0]["delta"].get("content") or "" for c in out)
+    assert joined == "see " + KEY[:6] and out[-1]["id"] == "c"  # 6 < 8: not masked, not lost
