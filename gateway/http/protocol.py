@@ -147,6 +147,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._heads = 0  # request heads begun on this connection
         self._read_len = 0  # bytes of the read being parsed
         self._head_too_large = False
+        self._trailer_bytes = 0  # trailer fields of the request being read
 
     # -- timers ---------------------------------------------------------------------------------
 
@@ -315,8 +316,20 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         self._head_open = True
         self._head_bytes = 0
+        self._trailer_bytes = 0
         self._heads += 1
         super().on_message_begin()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_open:
+            super().on_header(name, value)
+            return
+        # A trailer field (after a chunked body): nothing here reads them, so they are dropped,
+        # not kept with the request's headers (200 MiB of trailers were), and bounded like a head.
+        self._trailer_bytes += len(name) + len(value) + 4
+        if self._trailer_bytes > MAX_HEAD_BYTES:
+            self._head_too_large = True
+            raise ValueError("request trailers too large")
 
     def on_headers_complete(self) -> None:
         # A head that ended in a read larger than what it had left may be over the limit: its

@@ -197,6 +197,22 @@ def test_many_headers_count_too_and_the_messages_api_gets_its_own_shape(
     assert recorded_once(gw, access_log, headers["x-request-id"], 431)["endpoint"] == "messages"
 
 
+def test_trailers_are_dropped_and_bounded(gw: GatewayServer) -> None:
+    """Trailer fields after a chunked body are not kept (200 MiB of them were, with the
+    headers): a few pass unread, more than a head's worth end the connection."""
+    body = b'{"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer key-a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    chunked = b"%x\r\n%s\r\n0\r\n" % (len(body), body)
+    status, _, _ = split(raw_exchange(gw.port, head + chunked + b"X-T: 1\r\n\r\n"))
+    assert status == 200
+    trailers = b"X-T: " + b"A" * 8000 + b"\r\n"
+    out = raw_exchange(gw.port, head + chunked + trailers * 100 + b"\r\n")  # ~800 KB
+    assert not out.startswith(b"HTTP/1.1 200"), out[:200]
+
+
 def test_a_head_just_under_the_limit_and_a_trickled_one_are_served(gw: GatewayServer) -> None:
     big = {f"x-pad-{i}": "p" * 1000 for i in range((MAX_HEAD_BYTES - 4096) // 1020)}
     r = httpx.post(
