@@ -618,6 +618,11 @@ class HostileUpstream:
             await self._chunk_out(w, ev)
         w.transport.abort()
 
+    async def mode_slow(self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str) -> None:
+        """Answers after 3 s (a long generation)."""
+        await asyncio.sleep(3.0)
+        await self._ok(w, req, endpoint, "slow answer")
+
     # -- the key, disguised ------------------------------------------------------------------
 
     async def mode_splitkey(

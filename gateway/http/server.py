@@ -9,7 +9,7 @@ import os
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway import errors
 from gateway.apis.exchange import InboundAPI
@@ -53,13 +53,20 @@ class FastRoutes:
             api = self.inbound.get(path) if endpoint is None else None
             if endpoint is not None or api is not None:
                 scope["app"] = self.app
+                watch = _GoneWatch(receive)
                 try:
                     response = await self.pipeline.handle(
-                        Request(scope, receive), endpoint or "chat", api
+                        Request(scope, watch.receive), endpoint or "chat", api
                     )
+                except asyncio.CancelledError:
+                    if not watch.stop():
+                        raise
+                    return  # the client left before its answer: recorded as 499, nothing sent
                 except Exception as exc:
                     log.exception("unexpected error", exc_info=exc)
                     response = errors.internal_error().to_response()
+                if watch.stop():
+                    return  # gone just as the answer came: nobody to send it to
                 if isinstance(response, StreamingResponse) and response.background is None:
                     await send_stream(response, receive, send)
                 else:
@@ -99,6 +106,52 @@ async def send_stream(response: StreamingResponse, receive: Receive, send: Send)
         abandon = getattr(response, "abandon", None)
         if abandon is not None:
             await abandon()  # the attempt settled and the request recorded, however it ended
+
+
+class _GoneWatch:
+    """Notices a client that leaves while its request waits (in an admission queue, for a
+    non-streamed answer or a stream's first byte) and cancels the request's task: its upstream
+    call stops, its slot frees, and it is recorded as the 499 it is (it was recorded 200 and
+    kept its slot). The listener starts once the body has been read (until then the pipeline
+    reads `receive` itself), one task per request."""
+
+    __slots__ = ("_receive", "_task", "_listener", "gone")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task = asyncio.current_task()
+        self._listener: asyncio.Task[None] | None = None
+        self.gone = False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        # Once the whole body is in (a disconnect before that is the pipeline's to answer:
+        # a 408 after the body timeout, a 499).
+        if (
+            self._listener is None
+            and message["type"] == "http.request"
+            and not message.get("more_body", False)
+        ):
+            self._listener = asyncio.ensure_future(self._listen())
+        return message
+
+    async def _listen(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                break
+        self.gone = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def stop(self) -> bool:
+        """Stop listening; True when the client was found gone (the cancellation is spent)."""
+        listener, self._listener = self._listener, None
+        if listener is not None and not listener.done():
+            listener.cancel()
+        if self.gone and self._task is not None:
+            self._task.uncancel()
+        return self.gone
 
 
 async def _disconnected(receive: Receive) -> bool:
