@@ -333,8 +333,14 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
     if not count_only:
         body["max_tokens"] = max_tokens
     for name in ("temperature", "top_p"):
-        if req.get(name) is not None:
-            body[name] = req[name]
+        value = req.get(name)
+        if value is None:
+            continue
+        # Anthropic's ranges (0..1 for both; chat's temperature goes to 2): refused here as
+        # Anthropic refuses them, not passed on to a provider that would take them.
+        if type(value) not in (int, float) or not 0 <= value <= 1:
+            raise _err(f"{name}: Input should be a number between 0 and 1.", name)
+        body[name] = value
     top_k = req.get("top_k")  # dropped (no chat equivalent), but checked like Anthropic does
     if top_k is not None and (type(top_k) is not int or top_k < 0):
         raise _err("top_k: Input should be a non-negative integer.", "top_k")

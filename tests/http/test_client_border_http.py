@@ -478,6 +478,8 @@ def test_an_unknown_content_part_type_is_a_400(oa: openai.OpenAI) -> None:
     ("fields", "words"),
     [
         ({"top_k": "x"}, "top_k"),
+        ({"temperature": 1.5}, "temperature"),  # Anthropic's range is 0..1
+        ({"top_p": "high"}, "top_p"),
         ({"metadata": {"user_id": 5}}, "metadata.user_id"),
         (
             {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
