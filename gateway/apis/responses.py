@@ -328,6 +328,17 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
     }
 
 
+def mark_incomplete(output: list[dict[str, Any]]) -> list[int]:
+    """An answer cut short (max_output_tokens, a content filter): its messages are incomplete
+    too, as OpenAI marks them. Returns the indexes changed."""
+    changed = []
+    for i, item in enumerate(output):
+        if item.get("type") == "message" and item.get("status") == "completed":
+            item["status"] = "incomplete"
+            changed.append(i)
+    return changed
+
+
 def refusal_item(item_id: str, refusal: str) -> dict[str, Any]:
     """A message whose content is the model's refusal (chat's `message.refusal`)."""
     return {
@@ -435,6 +446,8 @@ class ResponseShape:
         finish: str | None = None,
     ) -> dict[str, Any]:
         status, incomplete = self.ending(status, finish)
+        if status == "incomplete":
+            mark_incomplete(output)
         doc: dict[str, Any] = {
             "id": self.id,
             "object": "response",
@@ -783,6 +796,10 @@ class ResponseEvents:
         shape = self.x.shape
         status, incomplete = shape.ending("completed", self.finish_reason)
         done = self._done
+        if status == "incomplete":
+            for i in mark_incomplete(self.output):
+                if i in done:
+                    done[i] = done[i].replace(b'"status":"completed"', b'"status":"incomplete"', 1)
         items = b",".join([done.get(i) or orjson.dumps(item) for i, item in enumerate(self.output)])
         doc = shape.encoded(status, incomplete, items, self.usage)
         # Stored before the client hears "completed": it may chain from it at once.
