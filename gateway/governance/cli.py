@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import quote, urlencode
 
 import httpx
 import orjson
@@ -69,7 +70,9 @@ def list_keys(
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
 ) -> None:
     """List keys (ids, tenants, limits; never secrets or hashes)."""
-    _call("GET", url, "/admin/keys" + (f"?tenant={tenant}" if tenant else ""), admin_key)
+    # Tenant names may hold '+', '/', '@', ':': encoded, or '+' would arrive as a space.
+    query = "?" + urlencode({"tenant": tenant}) if tenant else ""
+    _call("GET", url, "/admin/keys" + query, admin_key)
 
 
 @keys_app.command("rotate")
@@ -79,7 +82,7 @@ def rotate(
     admin_key: AdminKey = None,
 ) -> None:
     """New secret for the key (printed once); the old secret stops working at once."""
-    _call("POST", url, f"/admin/keys/{key_id}/rotate", admin_key)
+    _call("POST", url, f"/admin/keys/{quote(key_id, safe='')}/rotate", admin_key)
 
 
 @keys_app.command("revoke")
@@ -89,4 +92,4 @@ def revoke(
     admin_key: AdminKey = None,
 ) -> None:
     """Revoke the key: every replica refuses it within a second."""
-    _call("POST", url, f"/admin/keys/{key_id}/revoke", admin_key)
+    _call("POST", url, f"/admin/keys/{quote(key_id, safe='')}/revoke", admin_key)

@@ -5,7 +5,15 @@ never waits on Redis. Changes are published on a Redis channel and applied by ev
 once; a full resync runs every `key_refresh_s` while the channel is live, and every second while
 it is not, so a new or revoked key reaches every replica within a second either way. While Redis
 is down, the keys already loaded keep working. Records read from Redis are validated data (a
-pydantic model), never executed as configuration.
+pydantic model, strict types, bounded numbers), never executed as configuration; one that does not
+validate is skipped, logged and counted, never a failure of a listing or a change.
+
+When Redis comes back empty (restarted without persistence), every process writes back the
+records it holds that Redis lost, so processes started afterwards know them too. Processes may
+hold different versions (one missed a change while it could not reach Redis): a revocation wins
+over anything, else the latest change (`updated`) wins, both when a record is written back over
+the one Redis holds and when a process compares Redis's version with its own. So a revoked key
+is never usable again and a rotated-out secret never comes back.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import logging
 import re
 import secrets
 import time
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -27,10 +35,44 @@ from gateway.infra.hub import Subscription
 from gateway.infra.shared_state import SharedState
 
 log = logging.getLogger("gateway.governance")
+M = TypeVar("M", bound=BaseModel)
 
 KEY_PREFIX = "sk-gw-"
 _ID = re.compile(r"^mk_[0-9a-f]{16}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# Unix times up to 9999-12-31 (datetime can show them); durations up to a century.
+MAX_TIME = 253_402_300_799.0
+MAX_DURATION_S = 100 * 365 * 86400.0
+MAX_ALIASES = 1000
+MAX_RECORD_BYTES = 64 * 1024  # a record is ~1 KB: anything far larger was not written by us
+
+Time = Annotated[float, Field(ge=0, le=MAX_TIME, allow_inf_nan=False)]
+
+# Writes a record back unless Redis holds one that wins (see the module docstring):
+# KEYS: record, hash index entry, key index. ARGV: record JSON, id, revoked (1/0), hash-key
+# prefix, channel, event, updated. Returns 1 when written.
+_REPUBLISH = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, doc = pcall(cjson.decode, cur)
+  if ok and type(doc) == 'table' then
+    local theirs = tonumber(doc['updated']) or 0
+    if doc['revoked'] == true or (ARGV[3] ~= '1' and theirs >= tonumber(ARGV[7])) then
+      redis.call('SADD', KEYS[3], ARGV[2])  -- Redis's version stays; make sure it is listed
+      return 0
+    end
+    local old = doc['hash']
+    if type(old) == 'string' and redis.call('GET', ARGV[4] .. old) == ARGV[2] then
+      redis.call('DEL', ARGV[4] .. old)  -- the secret of the version replaced stops
+    end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[2])
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return 1
+"""
 
 
 def hash_secret(plaintext: str) -> str:
@@ -50,10 +92,12 @@ class KeyRecord(BaseModel):
     name: str = Field(default="", max_length=200)
     tenant: Name
     hash: str = Field(pattern=_HEX64.pattern)
-    created: float
-    updated: float = 0.0
-    expires_at: float | None = None
-    aliases: list[Name] = Field(default_factory=list, description="Empty = every alias.")
+    created: Time
+    updated: Time = 0.0
+    expires_at: Time | None = None
+    aliases: list[Name] = Field(
+        default_factory=list, max_length=MAX_ALIASES, description="Empty = every alias."
+    )
     limits: Limits = Limits()
     budget: Budget = Budget()
     revoked: bool = False
@@ -75,15 +119,21 @@ class KeyUpdate(BaseModel):
 
     name: str | None = Field(default=None, max_length=200)
     tenant: Name | None = None
-    expires_at: float | None = None
-    aliases: list[Name] | None = None
+    expires_at: Time | None = None
+    aliases: list[Name] | None = Field(default=None, max_length=MAX_ALIASES)
     limits: Limits | None = None
     budget: Budget | None = None
 
 
 class KeyCreate(KeyUpdate):
     tenant: Name  # type: ignore[assignment]
-    expires_in_s: float | None = Field(default=None, gt=0)
+    expires_in_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
+
+
+def parse_admin(model: type[M], body: bytes) -> M:
+    """An admin request body: strict JSON types (no "10" for 10, no `true` for 1), bounded
+    numbers, no Infinity or NaN; raises ValidationError."""
+    return model.model_validate_json(body, strict=True)
 
 
 class KeyStore:
@@ -99,6 +149,11 @@ class KeyStore:
         self._misses: dict[str, float] = {}  # unknown hashes looked up recently (bounded)
         self.refresh_s = 30.0
         self.events_applied = 0
+        self.malformed = 0  # records in Redis that did not validate (skipped)
+        self.republished = 0  # records written back after Redis lost them
+        self._malformed_logged: set[str] = set()
+        self._script: Any = None
+        self._stale = False  # the last full load failed: try again every second
 
     # -- Redis layout --------------------------------------------------------------------------
 
@@ -209,6 +264,9 @@ class KeyStore:
         return self._by_id.get(key_id)
 
     async def _save(self, rec: KeyRecord) -> None:
+        # Whatever the admin API will answer must serialise before anything is stored: a record
+        # saved and then unanswerable would break listings on every replica.
+        orjson.dumps(rec.public())
         if self.state.enabled:
             redis = self.state.redis
             assert redis is not None
@@ -243,33 +301,93 @@ class KeyStore:
             raw = await self.state.call(lambda r: r.get(self._rkey(key_id)), None)
         if raw is None:
             return
-        rec = _parse(raw)
+        rec = self._parse(raw, key_id)
         if rec is not None:
+            self._adopt(rec)
+
+    def _adopt(self, rec: KeyRecord) -> None:
+        """Take Redis's version of a record unless ours wins (written back at the next sync)."""
+        mine = self._by_id.get(rec.id)
+        if mine is None or not _wins(mine, rec):
             self._put(rec)
 
-    async def _load_all(self) -> list[KeyRecord]:
+    async def _load_all(self) -> None:
         """Update the mirror with what Redis holds (kept as it is when Redis is down).
 
         A record Redis no longer holds stays: keys are revoked, never deleted, so a key missing
-        from Redis means Redis lost it (restarted empty), and a known key keeps working.
+        from Redis means Redis lost it (restarted empty); the key keeps working here and is
+        written back for the processes that start from now on.
         """
 
-        async def read(r: Any) -> list[Any] | None:
-            ids = await r.smembers(self._index)
+        async def read(r: Any) -> tuple[list[str], list[Any]]:
+            # Index members are Redis contents too: only well-formed ids are read.
+            members = await r.smembers(self._index)
+            ids = sorted(i for m in members if _ID.match(i := _text(m)))
             if not ids:
-                return []
-            return await r.mget([self._rkey(i.decode()) for i in sorted(ids)])
+                return [], []
+            return ids, await r.mget([self._rkey(i) for i in ids])
 
-        raws = await self.state.call(read, None)
-        if raws is None:
-            return []
-        recs = [rec for raw in raws if raw is not None and (rec := _parse(raw)) is not None]
+        got = await self.state.call(read, None)
+        self._stale = got is None
+        if got is None:
+            return
+        recs = []
+        for key_id, raw in zip(*got, strict=True):
+            if raw is not None and (rec := self._parse(raw, key_id)) is not None:
+                recs.append(rec)
         fresh = {r.id: r for r in recs}
-        kept = [r for r in self._by_id.values() if r.id not in fresh]
-        self._by_id = {**{r.id: r for r in kept}, **fresh}
+        # Records Redis lost (restarted empty), and our revocations it does not hold: written
+        # back, so that processes started from now on know them.
+        lost = [r for r in self._by_id.values() if r.id not in fresh or _wins(r, fresh[r.id])]
+        kept = {r.id: r for r in lost}
+        self._by_id = {**fresh, **kept}
         self._by_hash = {r.hash: r for r in self._by_id.values()}
         self._synced_at = time.monotonic()
-        return recs
+        if lost:
+            await self._republish(lost)
+
+    async def _republish(self, recs: list[KeyRecord]) -> None:
+        async def run(r: Any) -> list[Any]:
+            if self._script is None:
+                self._script = r.register_script(_REPUBLISH)
+            out = []
+            for rec in recs:
+                keys = [self._rkey(rec.id), self._hkey(rec.hash), self._index]
+                args = [
+                    rec.model_dump_json(),
+                    rec.id,
+                    "1" if rec.revoked else "0",
+                    self._hkey(""),
+                    self.channel,
+                    orjson.dumps({"id": rec.id}),
+                    repr(rec.updated),
+                ]
+                out.append(await self._script(keys=keys, args=args, client=r))
+            return out
+
+        written = await self.state.call(run, None)
+        if written:
+            n = sum(1 for w in written if w == 1)
+            self.republished += n
+            if n:
+                log.warning("wrote %d managed key record(s) back to Redis, which had lost them", n)
+
+    def _parse(self, raw: bytes | str, key_id: str) -> KeyRecord | None:
+        """A record from Redis, or None (logged once per id, counted) when it does not validate
+        or is not the record of the id it is stored under."""
+        rec = None
+        if len(raw) <= MAX_RECORD_BYTES:
+            try:
+                rec = KeyRecord.model_validate_json(raw, strict=True)
+            except ValidationError:
+                rec = None
+        if rec is not None and rec.id == key_id:
+            return rec
+        self.malformed += 1
+        if key_id not in self._malformed_logged and len(self._malformed_logged) < 1000:
+            self._malformed_logged.add(key_id)
+            log.warning("ignoring a malformed managed key record in Redis (%s)", key_id)
+        return None
 
     async def start(self) -> None:
         if self.state.enabled:
@@ -300,7 +418,8 @@ class KeyStore:
             sub = self._sub
             if sub is None:
                 return
-            if not sub.live or time.monotonic() - last_full >= self.refresh_s:
+            # A load after a re-subscription may have met Redis still marked down: again.
+            if not sub.live or self._stale or time.monotonic() - last_full >= self.refresh_s:
                 last_full = time.monotonic()
                 sub.run_in_order(self._load_all)
 
@@ -314,9 +433,12 @@ class KeyStore:
             self.events_applied += 1
 
 
-def _parse(raw: bytes | str) -> KeyRecord | None:
-    try:
-        return KeyRecord.model_validate_json(raw)
-    except ValidationError:
-        log.warning("ignoring a malformed managed key record in Redis")
-        return None
+def _wins(mine: KeyRecord, theirs: KeyRecord) -> bool:
+    """Does our version of a record win over Redis's? A revocation wins, else the latest change."""
+    if theirs.revoked:
+        return False
+    return mine.revoked or mine.updated > theirs.updated
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -31,7 +31,13 @@ for i = 1, nb do
   local cap, rate, need = tonumber(ARGV[j]), tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
   local v = redis.call('HMGET', KEYS[i], 't', 'ts')
   local t, ts = tonumber(v[1]), tonumber(v[2])
-  if t == nil or ts == nil then t = cap; ts = now end
+  -- Redis contents are not trusted: no number, NaN or infinity is a full bucket, never a
+  -- bucket that grants everything (NaN compares false) or refuses for ever.
+  if t == nil or ts == nil or t ~= t or ts ~= ts or t == math.huge or t == -math.huge then
+    t = cap; ts = now
+  end
+  if t > cap then t = cap end
+  if ts > now then ts = now end
   if now > ts then t = math.min(cap, t + (now - ts) * rate) end
   t = t - tonumber(ARGV[j + 3])  -- admitted alone while Redis was away: charged now
   have[i] = t
@@ -45,16 +51,20 @@ if wait == 0 and #KEYS > nb then
   local procs = KEYS[nb + 1]
   for i = nb + 2, #KEYS do
     local all = redis.call('HGETALL', KEYS[i])
+    local lim = tonumber(ARGV[7 + nb * 4 + (i - nb - 2)])
     local total = 0
     for j = 1, #all, 2 do
       local seen = tonumber(redis.call('ZSCORE', procs, all[j]))
-      if all[j] ~= me and (seen == nil or seen < now - stale) then
+      local held = tonumber(all[j + 1])
+      if held == nil or held ~= math.floor(held) or math.abs(held) == math.huge then
+        redis.call('HDEL', KEYS[i], all[j])  -- not a whole count (NaN too): not ours
+      elseif all[j] ~= me and (seen == nil or seen < now - stale) then
         redis.call('HDEL', KEYS[i], all[j])  -- a process that stopped: its slots come back
       else
-        total = total + math.max(0, tonumber(all[j + 1]))
+        total = total + math.min(math.max(0, held), lim)
       end
     end
-    local f = tonumber(ARGV[7 + nb * 4 + (i - nb - 2)]) - total
+    local f = lim - total
     if f < 1 then slot_fail = i - nb - 1; break end
     free[#free + 1] = f
   end

@@ -50,15 +50,19 @@ class GovernanceCollector(Collector):
             cost.add_metric(v, c.cost_nano / NANO)
             tokens.add_metric(v, c.tokens)
         yield from (admitted, refused, soft, cost, tokens)
+        local = gov.limiter.local_mode or gov.concurrency.local_mode or gov.ledger.local
         yield GaugeMetricFamily(
             "gateway_ratelimit_local_mode",
-            "1 while Redis is unreachable and this process enforces its share of the limits alone.",
-            value=1.0 if (gov.limiter.local_mode or gov.concurrency.local_mode) else 0.0,
+            "1 while Redis is unreachable and this process enforces its share of the limits "
+            "and budgets alone.",
+            value=1.0 if local else 0.0,
         )
         yield CounterMetricFamily(
             "gateway_ratelimit_local_decisions",
-            "Limit decisions this process took alone because Redis was unreachable.",
-            value=gov.limiter.local_decisions + gov.concurrency.local_decisions,
+            "Limit and budget decisions this process took alone because Redis was unreachable.",
+            value=gov.limiter.local_decisions
+            + gov.concurrency.local_decisions
+            + gov.ledger.local_decisions,
         )
         yield CounterMetricFamily(
             "gateway_ratelimit_redis_leases",
@@ -84,4 +88,20 @@ class GovernanceCollector(Collector):
             "gateway_spend_flush_failures",
             "Spend writes to Redis that failed (kept and retried).",
             value=gov.ledger.flush_failures,
+        )
+        yield CounterMetricFamily(
+            "gateway_spend_counters_repaired",
+            "Spend or budget counters found in Redis that were not numbers, overwritten.",
+            value=gov.ledger.repaired,
+        )
+        yield CounterMetricFamily(
+            "gateway_managed_keys_malformed",
+            "Managed key records read from Redis that did not validate (skipped), or that could "
+            "not be shown by the admin API.",
+            value=gov.keys.malformed,
+        )
+        yield CounterMetricFamily(
+            "gateway_managed_keys_republished",
+            "Managed key records written back to Redis after it lost them (restarted empty).",
+            value=gov.keys.republished,
         )

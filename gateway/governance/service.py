@@ -6,6 +6,12 @@ refused) and routes over-soft-budget tenants to their cheaper pool; `record` (a 
 observer) releases the concurrency slots, reconciles reserved tokens with the real usage, costs
 the request and adds it to the spend counters. Every response carries OpenAI's x-ratelimit-*
 headers for the limits that apply.
+
+What a provider produced is charged however the request ended: a stream cut after some of it was
+relayed (the client went away, the upstream broke, after a resume or not) is costed and counted
+against tokens per minute from the provider's usage when it arrived, else from the prompt
+estimate and the content events relayed. Otherwise cutting streams would be free and would give
+back their whole token reservation.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -31,7 +38,7 @@ from gateway.governance.spend import NANO, SpendLedger, Usage, cost_nano, period
 from gateway.governance.static_keys import bearer_key, hash_key
 from gateway.governance.stats import GovStats
 from gateway.infra.shared_state import SharedState
-from gateway.observability.metrics import content_events, response_usage
+from gateway.observability.metrics import billable, response_usage, stream_completion_tokens
 from gateway.wire.answer_checks import usage_counts
 from gateway.wire.sse import encode_event, event_data
 
@@ -118,7 +125,7 @@ class GovernanceService:
         self.concurrency = Concurrency(state, self.procs)
         self.leases = Leases(state, self.limiter, self.concurrency)
         self.fair = FairShare()
-        self.ledger = SpendLedger(state)
+        self.ledger = SpendLedger(state, self.procs)
         self.stats = GovStats()
         self._soft_logged: set[str] = set()
         self._configured: Governance | None = None
@@ -317,12 +324,15 @@ class GovernanceService:
         # half a budget the shared totals are read fresh before deciding: other replicas' spend
         # counts within milliseconds.
         ticket.near_budget = True
-        near = [bk for _, _, usd, _, bk in checks if self.ledger.spent(bk) >= usd * NANO / 2]
+        near = [bk for _, _, usd, _, bk in checks if self.ledger.counted(bk) >= usd * NANO / 2]
         if near:
             await self.ledger.refresh(near)
+        if self.ledger.local:
+            self.ledger.local_decisions += 1
         soft_hit = None
         for scope, period, usd, soft, bk in checks:
-            spent = self.ledger.spent(bk)
+            # With Redis away, counted on this process's share of what was left (spend.py).
+            spent = self.ledger.counted(bk)
             if spent >= usd * NANO:
                 self.stats.refused(ticket.principal.tenant, ticket.principal.key_id, "budget")
                 raise over_budget(
@@ -358,6 +368,13 @@ class GovernanceService:
             h[f"x-ratelimit-reset-{dim}"] = duration(b.reset_s(now))
         return h
 
+    @staticmethod
+    def visible_models(p: Principal, names: Iterable[str]) -> list[str]:
+        """The aliases a caller may use (what /v1/models should list): a managed key's allowed
+        aliases, else all."""
+        allowed = p.record.aliases if p.record is not None else None
+        return [n for n in names if not allowed or n in allowed]
+
     # -- 3. what did it cost (record step) ----------------------------------------------------
 
     def record(self, ctx: Context) -> None:
@@ -371,12 +388,12 @@ class GovernanceService:
             self.concurrency.release(t.slots)
         prompt = completion = 0
         cost = 0
-        if ctx.status == 200 and ctx.provider and not ctx.cache.startswith("hit"):
+        if billable(ctx):
             if ctx.stream:
                 if t.usage is not None:
                     prompt, completion = t.usage
                 else:
-                    prompt, completion = ctx.prompt_tokens, content_events(ctx)
+                    prompt, completion = ctx.prompt_tokens, stream_completion_tokens(ctx)
             else:
                 p, c = response_usage(ctx)
                 prompt = p if p is not None else ctx.prompt_tokens

@@ -7,15 +7,31 @@ tenant limits = `governance.tenants[<tenant>]` > `governance.default_tenant`.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@+-]+$")]
 
+# Upper bounds of every number an operator sets: far above any real limit, low enough that a
+# figure (times 10^9 for nano-USD, in Lua doubles, through orjson's 64-bit integers) never
+# overflows. Infinity and NaN are refused everywhere (a budget of inf would be no budget).
+MAX_PER_MINUTE = 10**9
+MAX_TOKENS_PER_MINUTE = 10**12
+MAX_CONCURRENT = 10**6
+MAX_USD = 10.0**9
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bools_as_numbers(cls, v: Any, info: Any) -> Any:
+        # `true` is an int to Python: a limit or a budget written as a boolean is a mistake.
+        if isinstance(v, bool) and cls.model_fields[info.field_name].annotation is not bool:
+            raise ValueError("a number is expected, not a boolean")
+        return v
 
 
 class Limits(_Strict):
@@ -24,16 +40,18 @@ class Limits(_Strict):
     requests_per_minute: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_PER_MINUTE,
         description="Token bucket: this many requests a minute, bursts up to it.",
     )
     tokens_per_minute: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_TOKENS_PER_MINUTE,
         description="Prompt estimate plus max_tokens reserved before the call, reconciled with "
         "the provider's usage after it.",
     )
     max_concurrent: int | None = Field(
-        default=None, ge=1, description="Requests in flight at once."
+        default=None, ge=1, le=MAX_CONCURRENT, description="Requests in flight at once."
     )
 
     def merged(self, fallback: Limits) -> Limits:
@@ -52,9 +70,11 @@ class Limits(_Strict):
 class Budget(_Strict):
     """USD per calendar period (UTC), from the providers' prices and the real usage."""
 
-    daily_usd: float | None = Field(default=None, gt=0)
-    weekly_usd: float | None = Field(default=None, gt=0, description="ISO week, Monday to Sunday.")
-    monthly_usd: float | None = Field(default=None, gt=0)
+    daily_usd: float | None = Field(default=None, gt=0, le=MAX_USD)
+    weekly_usd: float | None = Field(
+        default=None, gt=0, le=MAX_USD, description="ISO week, Monday to Sunday."
+    )
+    monthly_usd: float | None = Field(default=None, gt=0, le=MAX_USD)
     soft_fraction: float = Field(
         default=0.8,
         gt=0,
@@ -123,6 +143,7 @@ class Sync(_Strict):
     key_refresh_s: float = Field(
         default=30.0,
         gt=0,
+        le=86400,
         description="Full resync of managed keys while the pub/sub channel is live.",
     )
     spend_flush_s: float = Field(

@@ -11,7 +11,13 @@ the totals of the budgets this process checks. Redis layout (all under the gatew
   day (`d2026-12-01`), ISO week (`w2026-W49`) or month (`m2026-12`).
 
 While Redis is down the pending counters are kept and written once it is back; without Redis
-everything stays in memory (one process, not durable).
+everything stays in memory (one process, not durable). Budgets hold through an outage as the rate
+limits do: each process may spend its share (1/N, N = live gateway processes) of what was left of
+a budget when Redis went away, so its own unwritten spend counts N times in budget checks until
+it is written.
+
+Counters read from Redis are numbers only when they parse as such (anything else counts as 0 and
+is overwritten at the next write), so a stray value never fails a request or a write.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.governance.procs import Processes
 from gateway.infra.shared_state import SharedState
 
 log = logging.getLogger("gateway.governance")
 NANO = 1_000_000_000
 _SEP = "\t"
 _DAY_TTL_S = 400 * 86400
+_BUDGET_TTL_S = 40 * 86400
 GROUPS = ("day", "model", "provider", "tenant", "key")
 
 
@@ -85,8 +93,8 @@ class Usage:
 
 
 class SpendLedger:
-    def __init__(self, state: SharedState) -> None:
-        self.state = state
+    def __init__(self, state: SharedState, procs: Processes | None = None) -> None:
+        self.state, self.procs = state, procs
         self.flush_s = 0.25
         self._pending: dict[tuple[str, str], Usage] = {}  # (day, combo) -> usage
         self._budget_pending: dict[str, int] = {}  # budget key -> nano-USD not written yet
@@ -97,6 +105,10 @@ class SpendLedger:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.flush_failures = 0
+        self.repaired = 0  # counters Redis held that were not numbers, overwritten
+        self.local_mode = False  # the last write or read failed because Redis was away
+        self.local_decisions = 0  # budget checks taken on this process's share alone
+        self._repair_logged = 0.0
         self._periods: tuple[int, dict[str, str], str] = (-1, {}, "")
 
     def budget_key(self, scope: str, period: str, when: float) -> str:
@@ -122,6 +134,23 @@ class SpendLedger:
             + self._budget_pending.get(budget_key, 0)
             + self._budget_flushing.get(budget_key, 0)
         )
+
+    @property
+    def local(self) -> bool:
+        """Redis away: budgets are checked on this process's share."""
+        return self.state.enabled and (self.local_mode or not self.state.available)
+
+    def counted(self, budget_key: str) -> int:
+        """What a budget check counts: `spent`, except that while Redis is away this process's
+        unwritten spend counts N times, i.e. it may spend only 1/N of what was left."""
+        spent = self.spent(budget_key)
+        if not self.local:
+            return spent
+        n = max(1, self.procs.count) if self.procs is not None else 1
+        unwritten = self._budget_pending.get(budget_key, 0) + self._budget_flushing.get(
+            budget_key, 0
+        )
+        return spent + (n - 1) * unwritten
 
     def record(
         self,
@@ -187,23 +216,31 @@ class SpendLedger:
             del self._watched[k]
         if not pending and not budgets and not watched:
             return True
+        # (key, hash field or "" for a budget counter, value) of each increment: their replies
+        # come first, in this order.
+        incrs: list[tuple[str, str, int]] = []
+        for (day, combo), u in pending.items():
+            h = self.state.group_key("gov", "spend", day)
+            for suffix, v in (("c", u.cost), ("r", u.requests), ("i", u.input), ("o", u.output)):
+                if v:
+                    incrs.append((h, combo + _SEP + suffix, v))
+        incrs += [(bk, "", v) for bk, v in budgets.items()]
 
         async def run(r: Any) -> list[Any]:
             async with r.pipeline(transaction=True) as p:
-                for (day, combo), u in pending.items():
-                    h = self.state.group_key("gov", "spend", day)
-                    for suffix, v in (("c", u.cost), ("r", u.requests), ("i", u.input)):
-                        if v:
-                            p.hincrby(h, combo + _SEP + suffix, v)
-                    if u.output:
-                        p.hincrby(h, combo + _SEP + "o", u.output)
-                    p.expire(h, _DAY_TTL_S)
-                for bk, v in budgets.items():
-                    p.incrby(bk, v)
-                    p.expire(bk, 40 * 86400)
+                for key, fld, v in incrs:
+                    if fld:
+                        p.hincrby(key, fld, v)
+                    else:
+                        p.incrby(key, v)
+                for key in {key for key, fld, _ in incrs if fld}:
+                    p.expire(key, _DAY_TTL_S)
+                for bk in budgets:
+                    p.expire(bk, _BUDGET_TTL_S)
                 if watched:
                     p.mget(watched)
-                return await p.execute()
+                # A counter that is not a number fails its own increment only: repaired below.
+                return await p.execute(raise_on_error=False)
 
         try:
             res = await self.state.call(run, None)
@@ -212,27 +249,63 @@ class SpendLedger:
         if res is None:
             # Keep everything for the next try (merged with what arrived meanwhile).
             self.flush_failures += 1
+            self.local_mode = not self.state.available
             for combo_key, u in pending.items():
                 self._pending.setdefault(combo_key, Usage()).add(u)
             for bk, v in budgets.items():
                 self._budget_pending[bk] = self._budget_pending.get(bk, 0) + v
             return False
-        totals = res[-1] if watched else None
-        for bk, total in zip(budgets, _incr_replies(res, pending, budgets), strict=True):
-            self._totals[bk] = total
-        if watched and isinstance(totals, list):
-            for bk, v in zip(watched, totals, strict=True):
-                self._totals[bk] = int(v) if v is not None else 0
+        self.local_mode = False
+        broken: list[tuple[str, str, int]] = []
+        for (key, fld, v), reply in zip(incrs, res, strict=False):
+            if isinstance(reply, Exception):
+                broken.append((key, fld, v))
+            elif not fld:
+                self._totals[key] = _count(reply)
+        if watched:
+            totals = res[-1]
+            if isinstance(totals, list):
+                for bk, val in zip(watched, totals, strict=False):
+                    self._totals[bk] = _count(val)
+        if broken:
+            await self._repair(broken)
         return True
+
+    async def _repair(self, broken: list[tuple[str, str, int]]) -> None:
+        """Counters Redis held that were not integers: overwritten with what this process adds
+        (the value they held was lost anyway; a counter that fails every write would be worse)."""
+
+        async def run(r: Any) -> list[Any]:
+            async with r.pipeline(transaction=True) as p:
+                for key, fld, v in broken:
+                    if fld:
+                        p.hset(key, fld, v)
+                    else:
+                        p.set(key, v, ex=_BUDGET_TTL_S)
+                return await p.execute(raise_on_error=False)
+
+        if await self.state.call(run, None) is None:
+            return
+        self.repaired += len(broken)
+        for key, fld, v in broken:
+            if not fld:
+                self._totals[key] = v
+        now = time.monotonic()
+        if now - self._repair_logged >= 60:  # bounded: a log line a minute at most
+            self._repair_logged = now
+            log.warning("spend counters in Redis were not numbers: %d overwritten", len(broken))
 
     async def refresh(self, keys: list[str]) -> None:
         """Read the shared totals of budgets close to their limit (one round trip)."""
         if not self.state.enabled or not keys:
             return
         vals = await self.state.call(lambda r: r.mget(keys), None)
-        if vals is not None:
-            for k, v in zip(keys, vals, strict=True):
-                self._totals[k] = int(v) if v is not None else 0
+        if not isinstance(vals, list):
+            self.local_mode = not self.state.available
+            return
+        self.local_mode = False
+        for k, v in zip(keys, vals, strict=False):
+            self._totals[k] = _count(v)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -277,27 +350,24 @@ class SpendLedger:
         }
 
 
-def _incr_replies(res: list[Any], pending: dict[Any, Usage], budgets: dict[str, int]) -> list[int]:
-    """The INCRBY replies (new totals) of the budget counters, in order."""
-    # Per pending combo: one HINCRBY per non-zero field plus one EXPIRE.
-    i = 0
-    for u in pending.values():
-        i += sum(1 for v in (u.cost, u.requests, u.input, u.output) if v) + 1
-    out = []
-    for _ in budgets:
-        out.append(int(res[i]))
-        i += 2  # INCRBY, EXPIRE
-    return out
+def _count(value: Any) -> int:
+    """A counter read from Redis: a non-negative 64-bit integer, else 0 (never an exception)."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return 0
+    return n if 0 <= n < 2**63 else 0
 
 
 def _decode_day(raw: dict[bytes, bytes]) -> dict[str, Usage]:
     out: dict[str, Usage] = {}
     for f, v in raw.items():
-        combo, _, kind = f.decode().rpartition(_SEP)
+        text = f.decode("utf-8", "replace") if isinstance(f, bytes) else str(f)
+        combo, _, kind = text.rpartition(_SEP)
         if combo.count(_SEP) != 3:
             continue
         u = out.setdefault(combo, Usage())
-        n = int(v)
+        n = _count(v)
         if kind == "c":
             u.cost += n
         elif kind == "r":

@@ -13,6 +13,7 @@ GET    /admin/usage              per tenant: limits, what is left, in flight, bu
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import GatewayError, bad_request
-from gateway.governance.keys import KeyCreate, KeyRecord, KeyUpdate
+from gateway.governance.keys import KeyCreate, KeyRecord, KeyUpdate, parse_admin
 from gateway.governance.spend import GROUPS, NANO
 from gateway.http.admin import require_admin
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from gateway.runtime import Runtime
 
 MAX_DAYS = 366
+log = logging.getLogger("gateway.governance")
 
 
 def _json(data: object, status: int = 200) -> Response:
@@ -46,21 +48,42 @@ def _json(data: object, status: int = 200) -> Response:
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:
     try:
-        return model.model_validate_json(await request.body() or b"{}")
+        return parse_admin(model, await request.body() or b"{}")
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or None
-        raise bad_request(f"{loc}: {first['msg']}", param=loc, code="invalid_key_spec") from None
+        message = f"{loc}: {first['msg']}" if loc else str(first["msg"])
+        raise bad_request(message, param=loc, code="invalid_key_spec") from None
 
 
 def _not_found(key_id: str) -> GatewayError:
-    return GatewayError(404, f"No managed key '{key_id}'.", code="key_not_found")
+    return GatewayError(404, f"No managed key '{key_id[:64]}'.", code="key_not_found")
 
 
 def _unavailable() -> GatewayError:
+    # The gateway's side failed, not the request: a server error type, as OpenAI types its 5xx.
     return GatewayError(
-        503, "The shared key store (Redis) is unreachable.", code="key_store_unavailable"
+        503,
+        "The shared key store (Redis) is unreachable.",
+        type="server_error",
+        code="key_store_unavailable",
     )
+
+
+def _public(recs: list[KeyRecord], gov: GovernanceService) -> list[dict[str, Any]]:
+    """Records as the admin API shows them; one that cannot be shown is left out (logged,
+    counted), never a failed listing."""
+    out = []
+    for r in recs:
+        try:
+            doc = r.public()
+            orjson.dumps(doc)
+        except (ValueError, TypeError, orjson.JSONEncodeError):
+            gov.keys.malformed += 1
+            log.warning("managed key %s cannot be shown: left out of the listing", r.id)
+            continue
+        out.append(doc)
+    return out
 
 
 def _day(value: str | None, default: dt.date, name: str) -> dt.date:
@@ -87,14 +110,15 @@ def governance_router(gov: GovernanceService, runtime: Runtime) -> APIRouter:
     @router.get("/keys")
     async def list_keys(tenant: str | None = None) -> Response:
         recs = [r for r in gov.keys.all() if tenant is None or r.tenant == tenant]
-        return _json({"keys": [r.public() for r in recs]})
+        return _json({"keys": _public(recs, gov)})
 
     @router.get("/keys/{key_id}")
     async def get_key(key_id: str) -> Response:
         rec = gov.keys.get(key_id)
-        if rec is None:
+        shown = _public([rec], gov) if rec is not None else []
+        if not shown:
             raise _not_found(key_id)
-        return _json(rec.public())
+        return _json(shown[0])
 
     async def _change(key_id: str, op: Any) -> KeyRecord | tuple[KeyRecord, str]:
         try:
@@ -144,7 +168,12 @@ def governance_router(gov: GovernanceService, runtime: Runtime) -> APIRouter:
         try:
             doc = await gov.ledger.query(days, tenant, key, alias, group_by)
         except (RedisError, OSError):
-            raise GatewayError(503, "Spend counters are unreachable (Redis).") from None
+            raise GatewayError(
+                503,
+                "Spend counters are unreachable (Redis).",
+                type="server_error",
+                code="spend_store_unavailable",
+            ) from None
         return _json({"from": days[0], "to": days[-1], **doc})
 
     @router.get("/usage")

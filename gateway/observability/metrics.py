@@ -25,6 +25,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gateway.governance.stats import MAX_TENANTS, OTHER
+
 if TYPE_CHECKING:
     from gateway.cache.semantic_layer import SemanticLayer
     from gateway.context import Context
@@ -50,6 +52,23 @@ _FRAMING_EVENTS = 3
 def content_events(ctx: Context) -> int:
     """Content events of a stream, which servers send one token (or a few) at a time."""
     return max(ctx.output_chunks - _FRAMING_EVENTS, 0)
+
+
+def billable(ctx: Context) -> bool:
+    """Did a provider produce (part of) this answer, so that its tokens count? A 200 not served
+    by a cache, or a stream cut after the provider's events reached the client (the client went
+    away: 499; the upstream broke: 502): what was produced and relayed is paid for either way."""
+    if not ctx.provider or ctx.cache.startswith("hit"):
+        return False
+    return ctx.status == 200 or (ctx.stream and ctx.output_chunks > 0)
+
+
+def stream_completion_tokens(ctx: Context) -> int:
+    """A stream's completion tokens from its relayed events (when the provider's usage is not at
+    hand): a finished stream also has a role chunk, a finishing chunk and `[DONE]`; a cut one
+    only its role chunk."""
+    framing = _FRAMING_EVENTS if ctx.status == 200 else 1
+    return max(ctx.output_chunks - framing, 0)
 
 
 class Histogram:
@@ -115,6 +134,9 @@ class RequestMetrics:
         self.runtime = runtime
         self.requests: dict[tuple[str, ...], RequestSeries] = {}
         self.usage: dict[tuple[str, ...], list[float]] = {}  # [input, output, cost_usd]
+        # Tenants with their own usage series: the first MAX_TENANTS seen, then OTHER (as the
+        # gateway_tenant_* families), so a flood of tenants cannot grow /metrics without bound.
+        self._usage_tenants: set[str] = set()
         self.cache: dict[tuple[str, str], int] = {}
         self.failures: dict[tuple[str, str], int] = {}
         self.degraded: dict[str, int] = {}
@@ -142,7 +164,7 @@ class RequestMetrics:
                 self.failures[fkey] = self.failures.get(fkey, 0) + 1
         if ctx.degraded:
             self.degraded[ctx.alias] = self.degraded.get(ctx.alias, 0) + 1
-        if ctx.status == 200 and ctx.provider and not ctx.cache.startswith("hit"):
+        if billable(ctx):
             self._usage(ctx)
 
     def _usage(self, ctx: Context) -> None:
@@ -150,12 +172,12 @@ class RequestMetrics:
         prompt: int | None
         completion: int | None
         if ctx.stream:
-            prompt, completion = None, content_events(ctx)
+            prompt, completion = None, stream_completion_tokens(ctx)
         else:
             prompt, completion = response_usage(ctx)
         inp = prompt if prompt is not None else ctx.prompt_tokens
         out = completion or 0
-        ukey = (ctx.tenant, ctx.alias, ctx.provider)
+        ukey = (self._tenant_label(ctx.tenant), ctx.alias, ctx.provider)
         acc = self.usage.get(ukey)
         if acc is None:
             acc = self.usage[ukey] = [0.0, 0.0, 0.0]
@@ -165,6 +187,15 @@ class RequestMetrics:
         if provider is not None:
             price = provider.config.price
             acc[2] += (inp * price.input_per_1m + out * price.output_per_1m) / 1e6
+
+    def _tenant_label(self, tenant: str) -> str:
+        seen = self._usage_tenants
+        if tenant in seen:
+            return tenant
+        if len(seen) >= MAX_TENANTS:
+            return OTHER
+        seen.add(tenant)
+        return tenant
 
 
 class FailoverState(Protocol):
