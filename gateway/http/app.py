@@ -419,20 +419,26 @@ def create_app(
             entry["owned_by"] = "llm-gateway (simulated providers)"
         return entry
 
+    async def visible_models(ctx: Context, request: Request) -> list[str]:
+        """The aliases this caller may use: a managed key limited to some sees only those."""
+        principal = await governance.authenticate(
+            runtime.snapshot, request.headers.get("authorization")
+        )
+        ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
+        return governance.visible_models(principal, runtime.snapshot.policy.models)
+
     @app.get("/v1/models")
     async def list_models(request: Request) -> Response:
         async def handle(ctx: Context) -> Response:
-            await authenticate(ctx, request.headers.get("authorization"))
-            models = runtime.snapshot.policy.models
-            return _json({"object": "list", "data": [_model_entry(n) for n in models]})
+            names = await visible_models(ctx, request)
+            return _json({"object": "list", "data": [_model_entry(n) for n in names]})
 
         return await recorded(request, "models.list", handle)
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str, request: Request) -> Response:
         async def handle(ctx: Context) -> Response:
-            await authenticate(ctx, request.headers.get("authorization"))
-            if model_id not in runtime.snapshot.policy.models:
+            if model_id not in await visible_models(ctx, request):
                 raise errors.model_not_found(clip(model_id))
             return _json(_model_entry(model_id))
 

@@ -181,8 +181,13 @@ def test_managed_key_lifecycle_and_cli(fleet, gateway, shared) -> None:
     assert secret.startswith("sk-gw-") and created["limits"]["requests_per_minute"] == 100
     r = post(gw, secret)
     assert r.status_code == 200 and r.headers["x-ratelimit-limit-requests"] == "100"
-    # Allowed aliases only.
+    # Allowed aliases only: in use, and in what /v1/models shows the key.
     assert post(gw, secret, {**CHAT, "model": "other"}).status_code == 404
+    auth = {"authorization": f"Bearer {secret}"}
+    models = httpx.get(gw.base_url + "/models", headers=auth).json()
+    assert [m["id"] for m in models["data"]] == ["chat"]
+    assert httpx.get(gw.base_url + "/models/other", headers=auth).status_code == 404
+    assert httpx.get(gw.base_url + "/models/chat", headers=auth).status_code == 200
     listed = runner.invoke(cli_app, ["keys", "list", "--url", gw.url])
     assert listed.exit_code == 0 and key_id in listed.output
     assert secret not in listed.output and created["hint"] in listed.output
