@@ -53,6 +53,9 @@ LATE_ANSWER_S = 1.0
 # Lifespan-state key of the app's hook that records a request the protocol answered itself:
 # called with (status, path), returns the request id it was recorded under.
 RECORD_KEY = "gateway.record_refused"
+# Scope key of a callable the app sets while a request waits for its answer: called when the
+# client's connection is lost before the response completed.
+GONE_KEY = "gateway.client_gone"
 RecordRefused = Callable[[int, str], str]
 
 
@@ -274,8 +277,15 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
         super().connection_lost(exc)
         self._disarm()
+        if cycle is not None and not cycle.response_complete:
+            # The app's hook for a client gone while its request waits (gateway.http.server):
+            # called here, so no task per request has to listen for the disconnect.
+            gone = cycle.scope.get(GONE_KEY)  # type: ignore[call-overload]
+            if gone is not None:
+                gone()
         unset = getattr(self, "_unset_keepalive_if_required", None)  # absent in other versions
         if unset is not None:
             unset()

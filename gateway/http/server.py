@@ -14,6 +14,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway import errors
 from gateway.apis.exchange import InboundAPI
 from gateway.http.app import create_app
+from gateway.http.protocol import GONE_KEY
 from gateway.pipeline.stack import Pipeline
 from gateway.policy.loader import load_policy
 from gateway.wire.request import Endpoint
@@ -53,7 +54,7 @@ class FastRoutes:
             api = self.inbound.get(path) if endpoint is None else None
             if endpoint is not None or api is not None:
                 scope["app"] = self.app
-                watch = _GoneWatch(receive)
+                watch = _GoneWatch(scope, receive)
                 try:
                     response = await self.pipeline.handle(
                         Request(scope, watch.receive), endpoint or "chat", api
@@ -112,43 +113,32 @@ class _GoneWatch:
     """Notices a client that leaves while its request waits (in an admission queue, for a
     non-streamed answer or a stream's first byte) and cancels the request's task: its upstream
     call stops, its slot frees, and it is recorded as the 499 it is (it was recorded 200 and
-    kept its slot). The listener starts once the body has been read (until then the pipeline
-    reads `receive` itself), one task per request."""
+    kept its slot). Armed once the body has been read (a disconnect before is the pipeline's:
+    a 408 after the body timeout, a 499); the HTTP protocol calls it when the connection is
+    lost (`GONE_KEY`), so nothing listens per request."""
 
-    __slots__ = ("_receive", "_task", "_listener", "gone")
+    __slots__ = ("_receive", "_scope", "_task", "gone")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, scope: Scope, receive: Receive) -> None:
         self._receive = receive
+        self._scope = scope
         self._task = asyncio.current_task()
-        self._listener: asyncio.Task[None] | None = None
         self.gone = False
 
     async def receive(self) -> Message:
         message = await self._receive()
-        # Once the whole body is in (a disconnect before that is the pipeline's to answer:
-        # a 408 after the body timeout, a 499).
-        if (
-            self._listener is None
-            and message["type"] == "http.request"
-            and not message.get("more_body", False)
-        ):
-            self._listener = asyncio.ensure_future(self._listen())
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            self._scope[GONE_KEY] = self._lost
         return message
 
-    async def _listen(self) -> None:
-        while True:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                break
-        self.gone = True
-        if self._task is not None:
+    def _lost(self) -> None:
+        if self._scope.pop(GONE_KEY, None) is not None and self._task is not None:
+            self.gone = True
             self._task.cancel()
 
     def stop(self) -> bool:
-        """Stop listening; True when the client was found gone (the cancellation is spent)."""
-        listener, self._listener = self._listener, None
-        if listener is not None and not listener.done():
-            listener.cancel()
+        """Disarm; True when the client was found gone (the cancellation is spent)."""
+        self._scope.pop(GONE_KEY, None)
         if self.gone and self._task is not None:
             self._task.uncancel()
         return self.gone

@@ -173,7 +173,7 @@ class StreamRelay:
             watch = None
         rename = self.rename
         try:
-            chunks = _until_broken_after_done(_prepend(stream.first, stream.chunks()), check)
+            chunks = _prepend(stream.first, stream.chunks())
             # Each read's whole events are handled as one block: checked, renamed and kept at
             # once; the events are split apart only when something needs them one by one.
             one_by_one = continuation or watch is not None
@@ -226,6 +226,15 @@ class StreamRelay:
             attempt.fail(f)
             self._broken = f
         except Exception as e:
+            if check.done:
+                # The provider failed after its end marker went out (a late event, a dropped
+                # connection): the client has the whole answer, and an error event after its
+                # end would turn it into a failure.
+                log.info("upstream stream failed after its end marker (%s)", type(e).__name__)
+                if usage_at_end is not None and self.assembler is not None:
+                    usage_at_end.take_usage(self.assembler.usage)
+                attempt.succeed(latency_signal(signal, stream.ttft_s, attempt.elapsed_s, events))
+                return
             # An unexpected exception while relaying is this attempt's failure too: resumed on
             # another member or ended with an error event, never a cut connection.
             f = e if isinstance(e, UpstreamFailure) else attempt_error(e)
@@ -297,20 +306,6 @@ class StreamRelay:
         if usage or any(c.get("finish_reason") for c in choices):
             chunk["gateway_resumed"] = {"from": self.resumed_from, "on": self.ctx.provider}
         return encode_event(orjson.dumps(chunk))
-
-
-async def _until_broken_after_done(
-    chunks: AsyncIterator[bytes], check: StreamCheck
-) -> AsyncIterator[bytes]:
-    """The upstream's reads; a failure once `[DONE]` went out ends them quietly: the client has
-    the whole answer, and an error event after its end would turn it into a failure."""
-    try:
-        async for chunk in chunks:
-            yield chunk
-    except Exception as e:
-        if not check.done:
-            raise
-        log.info("the upstream stream failed after its end marker (%s): ignored", type(e).__name__)
 
 
 async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
