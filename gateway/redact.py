@@ -39,11 +39,9 @@ class Redactor:
     __slots__ = ("_bytes", "_texts")
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        values: list[str] = []
-        # Shortest first: a value that contains another one (`Bearer <key>`) needs no search.
-        for s in sorted({s for s in secrets if s and len(s) >= MIN_SECRET_LEN}, key=len):
-            if not any(v in s for v in values):
-                values.append(s)
+        # Longest first, all kept: a key that begins with another key (two keys of one
+        # account) is masked whole, not left with its tail after the shorter one's mask.
+        values = sorted({s for s in secrets if s and len(s) >= MIN_SECRET_LEN}, key=len)[::-1]
         self._texts = tuple(values)
         self._bytes = tuple(v.encode() for v in values)
 

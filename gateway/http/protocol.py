@@ -151,6 +151,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._read_len = 0  # bytes of the read being parsed
         self._head_too_large = False
         self._trailer_bytes = 0  # trailer fields of the request being read
+        self._running: RequestResponseCycle | None = None  # the request being answered
 
     # -- timers ---------------------------------------------------------------------------------
 
@@ -276,16 +277,21 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             log.warning("connection cap (%d) reached with every connection busy", _cap)
             self.transport.close()
 
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._running = cycle  # with pipelining, `self.cycle` may be a request still queued
+        super()._start_asgi_task(cycle, app)
+
     def connection_lost(self, exc: Exception | None) -> None:
-        cycle = self.cycle
+        cycles = {id(c): c for c in (self._running, self.cycle) if c is not None}
         super().connection_lost(exc)
         self._disarm()
-        if cycle is not None and not cycle.response_complete:
-            # The app's hook for a client gone while its request waits (gateway.http.server):
-            # called here, so no task per request has to listen for the disconnect.
-            gone = cycle.scope.get(GONE_KEY)  # type: ignore[call-overload]
-            if gone is not None:
-                gone()
+        for cycle in cycles.values():
+            if not cycle.response_complete:
+                # The app's hook for a client gone while its request waits (gateway.http.server):
+                # called here, so no task per request has to listen for the disconnect.
+                gone = cycle.scope.get(GONE_KEY)  # type: ignore[call-overload]
+                if gone is not None:
+                    gone()
         unset = getattr(self, "_unset_keepalive_if_required", None)  # absent in other versions
         if unset is not None:
             unset()

@@ -15,6 +15,7 @@ from gateway import errors
 from gateway.apis.exchange import InboundAPI
 from gateway.http.app import create_app
 from gateway.http.protocol import GONE_KEY
+from gateway.pipeline.reply import finish_now
 from gateway.pipeline.stack import Pipeline
 from gateway.policy.loader import load_policy
 from gateway.wire.request import Endpoint
@@ -71,7 +72,11 @@ class FastRoutes:
                 if isinstance(response, StreamingResponse) and response.background is None:
                     await send_stream(response, receive, send)
                 else:
-                    await response(scope, receive, send)
+                    try:
+                        await response(scope, receive, send)
+                    except Exception as exc:  # the connection went as the answer was sent
+                        log.info("answer not sent: %s", type(exc).__name__)
+                        finish_now(response)  # its stages' hooks still run: recorded once
                 return
         await self.app(scope, receive, send)
 

@@ -225,6 +225,11 @@ class StreamRelay:
             f = UpstreamFailure("bad_response", str(e))
             attempt.fail(f)
             self._broken = f
+            held = check.flush_held()
+            if held:  # words held back for a possible key: they were the answer's
+                if self.assembler is not None:
+                    self.assembler.feed(held)
+                yield held
         except Exception as e:
             if check.done:
                 # The provider failed after its end marker went out (a late event, a dropped
@@ -240,6 +245,11 @@ class StreamRelay:
             f = e if isinstance(e, UpstreamFailure) else attempt_error(e)
             attempt.fail(f)
             self._broken = f.with_traceback(None)  # kept: its frames hold this relay
+            held = check.flush_held()
+            if held:  # words held back for a possible key: they were the answer's
+                if self.assembler is not None:
+                    self.assembler.feed(held)
+                yield held
         finally:
             attempt.cancel()  # the client went away (a no-op once settled)
             self.ctx.output_chunks += events

@@ -439,7 +439,20 @@ class TextGuard:
         """Mask and hold back in place; True when the chunk changed."""
         changed = False
         masked_choices: set[int] = set()
-        for container, name, key in list(self._texts(doc, endpoint)):
+        texts = [t for t in self._texts(doc, endpoint) if t[0][t[1]]]
+        if self.held:
+            # Text held for a choice whose next content is in another text (a tool call after
+            # the words, a second call): it goes out now, ahead of that content.
+            moving = {key for _, _, key in texts}
+            for choice in doc.get("choices") or ():
+                for call in (choice.get("delta") or {}).get("tool_calls") or ():
+                    moving.add((choice.get("index", 0), "tool", call.get("index", 0)))
+            for choice in doc.get("choices") or ():
+                i = choice.get("index", 0)
+                stale = [k for k in self.held if k[0] == i and k not in moving]
+                if stale and any(k[0] == i for k in moving):
+                    changed = self._flush_into(choice, i, endpoint, stale) or changed
+        for container, name, key in texts:
             text = self.held.pop(key, "") + container[name]
             tail = self.tails.get(key, "")
             masked = self._mask(tail, text)
@@ -494,9 +507,12 @@ class TextGuard:
         text = self.held.pop(key, "")
         return REDACTED if len(text) >= MIN_SECRET_LEN else text
 
-    def _flush_into(self, choice: dict[str, Any], i: int, endpoint: str) -> bool:
-        """A finishing choice takes what is still held for it."""
-        keys = [k for k in self.held if k[0] == i]
+    def _flush_into(
+        self, choice: dict[str, Any], i: int, endpoint: str, keys: list[Key] | None = None
+    ) -> bool:
+        """A finishing choice takes what is still held for it (or for `keys` of it)."""
+        if keys is None:
+            keys = [k for k in self.held if k[0] == i]
         if not keys:
             return False
         for key in keys:
@@ -507,9 +523,9 @@ class TextGuard:
             delta = choice.setdefault("delta", {})
             if key[1] in ("content", "refusal"):
                 delta[key[1]] = (delta.get(key[1]) or "") + text
-            else:
-                calls = delta.setdefault("tool_calls", [])
-                calls.append({"index": key[2], "function": {"arguments": text}})
+            else:  # ahead of any call this chunk starts or continues
+                calls = delta.get("tool_calls") or []
+                delta["tool_calls"] = [{"index": key[2], "function": {"arguments": text}}, *calls]
         return True
 
     def flush(self, endpoint: str) -> list[dict[str, Any]]:
@@ -674,6 +690,15 @@ class StreamCheck:
                 raise InvalidAnswer("the provider sent something that is not an event")
         self._prev, self._last = self._last, ev
         return ev
+
+    def flush_held(self) -> bytes:
+        """Events for text held back when the stream breaks (it is not the start of a key, or
+        it is masked): what the client and a resumed answer must still get."""
+        if self._guard is None or not self._guard.held:
+            return b""
+        return b"".join(
+            b"data: " + orjson.dumps(d) + b"\n\n" for d in self._guard.flush(self._endpoint)
+        )
 
     def _redacted(self, ev: bytes, data: bytes) -> bytes:
         """The event with every secret, escaped secret and cut-off part of one masked."""

@@ -83,3 +83,29 @@ def test_a_client_gone_from_the_queue_frees_its_place(
         holder.join()
     assert results[0].status_code == 200 and waiter.status_code == 200
     assert time.monotonic() - first < 8.5  # 3 s + 3 s, not 3 + 3 + 3 + 3
+
+
+def test_a_pipelined_client_that_leaves_is_noticed_too(
+    gw: GatewayServer, access_log: AccessLines
+) -> None:
+    """Two requests in one write: the first is answered while the second waits its turn; the
+    client leaving cancels the first (not only the one queued behind it) and both are recorded
+    once."""
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    rid = f"piped-{time.monotonic_ns()}"
+
+    def request(n: int) -> bytes:
+        return (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"x-request-id: %s-%d\r\nContent-Length: %d\r\n\r\n%s"
+            % (rid.encode(), n, len(body), body)
+        )
+
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+    s.sendall(request(1) + request(2))
+    time.sleep(0.4)
+    s.close()
+    line = access_log.wait_for(f"{rid}-1", within_s=2.5)
+    assert line["status"] == 499
+    time.sleep(0.2)
+    assert [x["request_id"] for x in access_log.lines].count(f"{rid}-1") == 1

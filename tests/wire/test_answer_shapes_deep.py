@@ -306,3 +306,35 @@ def test_held_text_goes_out_when_the_stream_ends_without_finishing() -> None:
     out = _relay_stream(check, events)
     joined = "".join(c["choices"][0]["delta"].get("content") or "" for c in out)
     assert joined == "see " + KEY[:6] and out[-1]["id"] == "c"  # 6 < 8: not masked, not lost
+
+
+def test_held_text_goes_out_ahead_of_a_tool_call() -> None:
+    """Text held for a possible key is released, in order, when the choice moves on to a tool
+    call (it waited for a text that never continued)."""
+    check = StreamCheck(ResponseLimits(), Redactor([KEY]))
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "I will call " + KEY[:5]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]  # fmt: skip
+    out = _relay_stream(check, events)
+    order = []
+    for c in out:
+        delta = c["choices"][0]["delta"]
+        if delta.get("content"):
+            order.append(("text", delta["content"]))
+        for t in delta.get("tool_calls") or []:
+            order.append(("call", t["function"].get("arguments", "")))
+    assert "".join(x for k, x in order if k == "text") == "I will call " + KEY[:5]
+    assert [k for k, _ in order] == ["text", "text", "call", "call"]
+
+
+def test_a_key_that_begins_with_another_key_is_masked_whole() -> None:
+    longer = KEY + "EXTRA9876"
+    r = Redactor([KEY, longer])
+    assert r.text(f"before {longer} after") == "before [redacted] after"
+    check = StreamCheck(ResponseLimits(), r)
+    text = _relay(check, ["before " + longer[:9], longer[9:] + " after"])
+    assert "EXTRA" not in text and text.endswith(" after")
