@@ -109,16 +109,35 @@ def has_escapes(data: bytes) -> bool:
     return b"\\u" in data or b"\\/" in data
 
 
+# A vendor's key prefix (`sk-`, `sk-proj-`, `sk-ant-api03-`): public, in every key of that
+# vendor and in documentation; a fragment of a key counts only past it.
+_PUBLIC_PREFIX = re.compile(r"[A-Za-z]{1,8}(?:[-_][A-Za-z0-9]{1,8}){0,2}[-_]")
+
+
+def public_prefix_len(secret: str | bytes) -> int:
+    """Characters of `secret`'s public vendor prefix (0 when it has none)."""
+    text = secret.decode("latin-1") if isinstance(secret, bytes) else secret
+    m = _PUBLIC_PREFIX.match(text)
+    return m.end() if m is not None and len(text) - m.end() >= MIN_SECRET_LEN else 0
+
+
+def edges(secret: bytes) -> tuple[bytes, bytes]:
+    """The shortest start and end of `secret` that count as part of it: its public prefix and
+    8 more characters, its last 8."""
+    return secret[: public_prefix_len(secret) + MIN_SECRET_LEN], secret[-MIN_SECRET_LEN:]
+
+
 def _mask_edges(data: bytes, secret: bytes) -> bytes:
-    """Mask maximal runs of `data` that are a prefix or a suffix of `secret` (>= MIN_SECRET_LEN)."""
+    """Mask maximal runs of `data` that are a prefix or a suffix of `secret`, at least as long as
+    its `edges` (a run of a key's public prefix alone, "sk-proj-", stays)."""
     n = MIN_SECRET_LEN
-    head, tail = secret[:n], secret[-n:]
+    head, tail = edges(secret)
     if head not in data and tail not in data:
         return data
     spans: list[tuple[int, int]] = []
     pos = data.find(head)
     while pos >= 0:
-        end = pos + n
+        end = pos + len(head)
         while end < len(data) and end - pos < len(secret) and data[end] == secret[end - pos]:
             end += 1
         spans.append((pos, end))
@@ -202,7 +221,10 @@ def provider_secrets(base_url: str, headers: dict[str, str], api_key: str | None
     for name, value in headers.items():
         scheme, _, token = value.partition(" ")
         bearer = bool(token) and scheme.lower() in ("bearer", "basic", "token")
-        if bearer or _SECRET_HEADER.search(name) or _KEYLIKE.search(value):
+        # By the header's name only: a long value of another header (a preview URL in a
+        # referer, `anthropic-beta: token-efficient-tools-2025-02-19`) is not a credential,
+        # and masking it garbled every "https://" of every answer.
+        if bearer or _SECRET_HEADER.search(name):
             out.append(value)
         if bearer:
             out.append(token)

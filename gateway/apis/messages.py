@@ -629,6 +629,9 @@ class MessageStream:
 
 
 class MessagesExchange:
+    #: `stop_sequences` Anthropic takes (more than chat's 4); checked again on the chat body.
+    max_stop = 64
+
     def __init__(self, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
         self.model = ""
         self.stream = False

@@ -22,7 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.redact import MASK as REDACTED
-from gateway.redact import MIN_SECRET_LEN, Redactor, has_escapes
+from gateway.redact import Redactor, edges, has_escapes, public_prefix_len
 from gateway.wire.sse import DONE, event_data
 
 MIB = 1024 * 1024
@@ -250,9 +250,11 @@ def check_chunk(endpoint: str, payload: bytes) -> dict[str, Any]:
         if not chat:
             _check_text(choice, "text")
             continue
-        delta = choice.get("delta")
-        if type(delta) is not dict:  # `null` too: every SDK reads `choices[0].delta.content`
-            raise InvalidAnswer("a chunk's choice has no delta object")
+        if "delta" not in choice:
+            continue  # Azure's filter annotations: offsets and results, no delta
+        delta = choice["delta"]
+        if type(delta) is not dict:  # `null`: every SDK reads `choices[0].delta.content`
+            raise InvalidAnswer("a chunk's choice has a delta that is not an object")
         if len(delta) <= 2 and delta.keys() <= _PLAIN_DELTA:
             text, role = delta.get("content"), delta.get("role")
             if (text is None or type(text) is str) and (role is None or type(role) is str):
@@ -329,8 +331,17 @@ def first_event_complete(buf: bytes) -> bool:
             payload = event[data:].lstrip()
             if not payload.startswith(b"{"):  # `[DONE]` first: a stream that answered nothing
                 raise InvalidAnswer("the stream's first event is not a JSON chunk")
-            if b'"error"' in event and _ERROR_EVENT.search(event) or _ERROR_FIELD.search(event):
+            if _ERROR_FIELD.search(event):
                 raise InvalidAnswer("the stream started with an error event")
+            if b'"error"' in event and _ERROR_EVENT.search(event):
+                # Only a top-level `error` member is an error (Azure's filter results may carry
+                # one of their own): the event is parsed to tell.
+                try:
+                    doc = orjson.loads(event_data(event) or b"")
+                except orjson.JSONDecodeError:
+                    raise InvalidAnswer("the stream's first event is not a JSON chunk") from None
+                if isinstance(doc, dict) and doc.get("error") not in (None, False):
+                    raise InvalidAnswer("the stream started with an error event")
             return True
         fields = {line.split(b":", 1)[0] for line in event.split(b"\n") if line}
         if not fields <= _NON_DATA_FIELDS:
@@ -504,8 +515,14 @@ class TextGuard:
         return "".join(out) + text[last:]
 
     def _flushed(self, key: Key) -> str:
+        """Held text that never became a key: masked when it holds 4 or more of a key's
+        characters past its public prefix ("sk-proj-" alone, as documentation writes it,
+        goes out as it is)."""
         text = self.held.pop(key, "")
-        return REDACTED if len(text) >= MIN_SECRET_LEN else text
+        for secret in self.secrets:
+            if secret.startswith(text) and len(text) >= public_prefix_len(secret) + 4:
+                return REDACTED
+        return text
 
     def _flush_into(
         self, choice: dict[str, Any], i: int, endpoint: str, keys: list[Key] | None = None
@@ -571,9 +588,7 @@ class StreamCheck:
         self._secrets: tuple[bytes, ...] = redact.secret_bytes if redact is not None else ()
         # A secret's first and last bytes: an event holding either may hold the secret, or
         # the part of it a stream cut between two events (masked by `Redactor.fragments`).
-        self._edges = tuple(
-            edge for s in self._secrets for edge in (s[:MIN_SECRET_LEN], s[-MIN_SECRET_LEN:])
-        )
+        self._edges = tuple(edge for s in self._secrets for edge in edges(s))
         texts = redact.secret_texts if redact is not None else ()
         self._guard = TextGuard(texts) if texts and endpoint in ("chat", "completions") else None
         self._size = 0
@@ -661,8 +676,6 @@ class StreamCheck:
                 flushed = self._guard.flush(self._endpoint)
                 return b"".join(b"data: " + orjson.dumps(d) + b"\n\n" for d in flushed) + ev
             return ev
-        if b'"error"' in ev and _ERROR_EVENT.search(ev):
-            raise InvalidAnswer("the provider sent an error event")
         if b"event:" in ev and _ERROR_FIELD.search(ev):
             raise InvalidAnswer("the provider sent an error event")
         if self._carry or not ev.isascii():

@@ -16,6 +16,7 @@ import orjson
 
 from gateway.errors import GatewayError, bad_request
 from gateway.wire.request_checks import (
+    MAX_STOP,
     below_min,
     check_fields,
     check_messages,
@@ -111,6 +112,7 @@ def parse_request(
     *,
     max_n: int = DEFAULT_MAX_N,
     max_depth: int = DEFAULT_MAX_DEPTH,
+    max_stop: int = MAX_STOP,
 ) -> ParsedRequest:
     """Parse and validate a request body; raise GatewayError(400) naming the offending parameter."""
     if not raw:
@@ -156,7 +158,7 @@ def parse_request(
         raise invalid_type("stream", "a boolean", stream)
     if endpoint == "embeddings" and stream:
         raise bad_request("Embeddings cannot be streamed.", param="stream", code="invalid_value")
-    check_fields(body, endpoint, stream)
+    check_fields(body, endpoint, stream, max_stop)
     # Both checked when both are sent: the one not used must not pass unchecked to a provider.
     max_completion = _opt_int(body, "max_completion_tokens")
     max_tokens = _opt_int(body, "max_tokens")

@@ -154,17 +154,22 @@ def _object(v: Any, p: str) -> None:
         raise invalid_type(p, "an object", v)
 
 
-def _stop(v: Any, p: str) -> None:
+#: OpenAI's limit on `stop`. A request translated from another API (Anthropic's
+#: `stop_sequences`) has that API's own limit (`max_stop`).
+MAX_STOP = 4
+
+
+def _stop(v: Any, p: str, limit: int = MAX_STOP) -> None:
     if v is None or isinstance(v, str):
         return
     if not isinstance(v, list):
         raise invalid_type(p, "one of a string or array of strings", v)
     if not v:
         raise _empty(p)
-    if len(v) > 4:
+    if len(v) > limit:
         raise bad_request(
-            f"Invalid '{p}': array too long. Expected an array with maximum length 4, but got an "
-            f"array with length {len(v)} instead.",
+            f"Invalid '{p}': array too long. Expected an array with maximum length {limit}, but "
+            f"got an array with length {len(v)} instead.",
             param=p,
             code="array_above_max_length",
         )
@@ -392,8 +397,12 @@ def _response_format(v: Any, p: str) -> None:
 
 ROLES = ("system", "assistant", "user", "function", "tool", "developer")
 # OpenAI's content part types, then those that OpenAI-compatible servers add (vLLM's video_url and
-# audio_url); anything else is a typo or another API's block, which every provider rejects.
-PART_TYPES = ("text", "image_url", "input_audio", "file", "refusal", "video_url", "audio_url")
+# audio_url, Mistral's document_url and input_image); anything else is a typo or another API's
+# block, which every provider rejects.
+PART_TYPES = (
+    "text", "image_url", "input_audio", "file", "refusal",
+    "video_url", "audio_url", "document_url", "input_image",
+)  # fmt: skip
 # Roles whose `content` is required (the assistant's may be null or absent: tool calls only).
 _PLAIN_ROLES = frozenset({"system", "developer", "user", "assistant"})
 _CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool", "function"})
@@ -561,13 +570,18 @@ EMBEDDINGS: dict[str, Check] = {
 BY_ENDPOINT = {"chat": CHAT, "completions": COMPLETIONS, "embeddings": EMBEDDINGS}
 
 
-def check_fields(body: dict[str, Any], endpoint: str, stream: bool) -> None:
+def check_fields(
+    body: dict[str, Any], endpoint: str, stream: bool, max_stop: int = MAX_STOP
+) -> None:
     """Raise a 400 GatewayError for the first ill-typed or out-of-range field."""
     checks = BY_ENDPOINT[endpoint]
     for name, value in body.items():
         check = checks.get(name)
         if check is not None:
-            check(value, name)
+            if name == "stop" and max_stop != MAX_STOP:
+                _stop(value, name, max_stop)
+            else:
+                check(value, name)
     if endpoint == "embeddings":
         return
     if body.get("stream_options") is not None and not stream:

@@ -524,3 +524,25 @@ def test_a_huge_model_name_is_not_echoed_whole(oa: openai.OpenAI, an: anthropic.
     with pytest.raises(anthropic.NotFoundError) as counted:
         an.messages.count_tokens(model=model, messages=MSG)  # type: ignore[arg-type]
     assert len(counted.value.body["error"]["message"]) < 600  # type: ignore[index]
+
+
+def test_anthropic_stop_sequences_are_not_held_to_chat_s_four(gw: GatewayServer) -> None:
+    """A Messages request keeps Anthropic's own limits once translated: six stop sequences
+    are fine there (chat allows four), and a document part is a provider extension chat lets
+    through."""
+    an = anthropic.Anthropic(base_url=gw.url, api_key="key-a", max_retries=0)
+    stops = [f"STOP{i}" for i in range(6)]
+    m = an.messages.create(
+        model="chat",
+        max_tokens=3,
+        stop_sequences=stops,
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    assert m.type == "message"
+    part = {"type": "document_url", "document_url": "https://example.com/a.pdf"}
+    r = httpx.post(
+        gw.base_url + "/chat/completions",
+        headers=KEY,
+        json={"model": "chat", "max_tokens": 3, "messages": [{"role": "user", "content": [part]}]},
+    )
+    assert r.status_code != 400 or "type" not in r.json()["error"].get("param", "")

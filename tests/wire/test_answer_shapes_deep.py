@@ -338,3 +338,40 @@ def test_a_key_that_begins_with_another_key_is_masked_whole() -> None:
     check = StreamCheck(ResponseLimits(), r)
     text = _relay(check, ["before " + longer[:9], longer[9:] + " after"])
     assert "EXTRA" not in text and text.endswith(" after")
+
+
+def test_legitimate_text_that_looks_like_a_configured_value_is_left_alone() -> None:
+    """False positives the strict checks must not have: a key's public prefix in documentation
+    text, a long non-credential header value, Azure's filter annotations and nested filter
+    errors."""
+    from gateway.redact import provider_secrets
+
+    project_key = "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx"
+    r = Redactor([project_key])
+    doc = {
+        "choices": [{"message": {"content": "Keys begin with sk-proj- (e.g. sk-proj-EXAMPLE)."}}]
+    }
+    body = json.dumps(doc).encode()
+    assert r.json(body, doc) == body  # unary: unchanged, logprobs kept
+    check = StreamCheck(ResponseLimits(), r)
+    text = _relay(check, ["Keys begin with sk-", "proj- (e.g. sk-proj-EX", "AMPLE)."])
+    assert text == "Keys begin with sk-proj- (e.g. sk-proj-EXAMPLE)."
+    headers = {
+        "HTTP-Referer": "https://my-app-git-feature-branch-myteam.vercel.app/",
+        "anthropic-beta": "token-efficient-tools-2025-02-19",
+    }
+    assert provider_secrets("http://h/v1", headers, None) == []
+    # Azure: a chunk of filter annotations (no delta), and filter results carrying an error.
+    check_chunk(
+        "chat",
+        b'{"choices":[{"index":0,"finish_reason":null,"content_filter_offsets":'
+        b'{"check_offset":0,"start_offset":0,"end_offset":5},"content_filter_results":{}}]}',
+    )
+    nested = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"hi"},"content_filter_results":'
+        b'{"error":{"code":"ContentFilterError","message":"filter unavailable"}}}]}\n\n'
+    )
+    assert StreamCheck(ResponseLimits()).event(nested) == nested
+    from gateway.wire.answer_checks import first_event_complete
+
+    assert first_event_complete(nested)

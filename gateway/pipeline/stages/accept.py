@@ -11,7 +11,7 @@ from gateway.errors import GatewayError
 from gateway.pipeline.call import Call
 from gateway.pipeline.stage import Next
 from gateway.wire.request import parse_request
-from gateway.wire.request_checks import clip
+from gateway.wire.request_checks import MAX_STOP, clip
 
 
 async def read_body(request: Request, limit: int, declared: str | None = None) -> bytes:
@@ -53,7 +53,14 @@ class Accept:
         raw = call.raw
         if call.exchange is not None:
             raw = await call.exchange.request(raw, ctx)  # the client's API -> a chat body
-        acc = parse_request(raw, call.endpoint, max_n=server.max_n, max_depth=server.max_json_depth)
+        acc = parse_request(
+            raw,
+            call.endpoint,
+            max_n=server.max_n,
+            max_depth=server.max_json_depth,
+            # A translated request keeps its own API's limit (Anthropic takes more than 4 stops).
+            max_stop=getattr(call.exchange, "max_stop", MAX_STOP),
+        )
         if ctx.replay:
             acc.stream = False  # a replay's answer is stored, not streamed
         if acc.model not in call.snap.policy.models:
