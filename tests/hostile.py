@@ -516,6 +516,31 @@ class HostileUpstream:
         usage = {"prompt_tokens": "3", "completion_tokens": [1], "total_tokens": None}
         await self._bent(w, req, lambda d: d.update(usage=usage))
 
+    async def mode_shortbody(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        """A Content-Length larger than the body, then the connection closes."""
+        body = json.dumps(_completion(req.get("model", "m"), "short")).encode()
+        w.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(body) + 100, body)
+        )
+        await w.drain()
+
+    async def mode_fakegzip(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        """`content-encoding: gzip` over a body that is not gzip."""
+        body = json.dumps(_completion(req.get("model", "m"), "plain")).encode()
+        await self._respond(w, 200, body, extra=[("content-encoding", "gzip")])
+
+    async def mode_badstatus(
+        self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
+    ) -> None:
+        """Not HTTP at all after the request: a status line no parser takes."""
+        w.write(b"HELLO THERE\r\n\r\n")
+        await w.drain()
+
     # -- streams whose events are not what they claim -----------------------------------------
 
     async def _stream_with(self, w: asyncio.StreamWriter, req: dict, middle: list[bytes]) -> None:

@@ -450,6 +450,11 @@ class UpstreamClient:
         except TimeoutError:
             kind = "first_byte_timeout" if head_s < timeouts.total_s else "total_timeout"
             raise UpstreamFailure(kind, "no answer headers in time") from None
+        except aiohttp.ClientResponseError as e:
+            # The provider answered, but not in HTTP (a bad status line, broken headers): its
+            # answer is what failed, not the connection.
+            e.__traceback__ = None
+            raise UpstreamFailure("bad_response", type(e).__name__) from None
         except (aiohttp.ClientError, OSError) as e:
             e.__traceback__ = None
             raise UpstreamFailure("connect_error", type(e).__name__) from None
@@ -474,6 +479,11 @@ class UpstreamClient:
         except TimeoutError:
             kind = "total_timeout" if time.monotonic() >= total_end - 0.001 else "idle_timeout"
             raise UpstreamFailure(kind, "answer body not complete in time") from None
+        except aiohttp.ClientPayloadError as e:
+            # A body that does not match its framing (a short Content-Length, broken gzip or
+            # chunks): the answer is broken, whatever happened to the connection.
+            e.__traceback__ = None
+            raise UpstreamFailure("bad_response", type(e).__name__) from None
         except (aiohttp.ClientError, OSError) as e:
             e.__traceback__ = None
             raise UpstreamFailure("connect_error", type(e).__name__) from None
