@@ -36,7 +36,7 @@ class Redactor:
     redacted on its own.
     """
 
-    __slots__ = ("_bytes", "_texts")
+    __slots__ = ("_bytes", "_edges", "_flat_edges", "_texts")
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         # Longest first, all kept: a key that begins with another key (two keys of one
@@ -44,6 +44,9 @@ class Redactor:
         values = sorted({s for s in secrets if s and len(s) >= MIN_SECRET_LEN}, key=len)[::-1]
         self._texts = tuple(values)
         self._bytes = tuple(v.encode() for v in values)
+        # Each secret's shortest start and end that count as part of it: once, per policy.
+        self._edges = tuple(edges(b) for b in self._bytes)
+        self._flat_edges = tuple(e for pair in self._edges for e in pair)
 
     def extended(self, more: Iterable[str]) -> Redactor:
         return Redactor((*self._texts, *more))
@@ -55,6 +58,11 @@ class Redactor:
     @property
     def secret_texts(self) -> tuple[str, ...]:
         return self._texts
+
+    @property
+    def edge_bytes(self) -> tuple[bytes, ...]:
+        """Every secret's `edges`: an event holding none of them holds no secret nor part."""
+        return self._flat_edges
 
     def __bool__(self) -> bool:
         return bool(self._bytes)
@@ -91,8 +99,8 @@ class Redactor:
     def fragments(self, data: bytes) -> bytes:
         """`data` with every secret's leading or trailing run of `MIN_SECRET_LEN` or more
         characters masked (whole secrets are assumed replaced already)."""
-        for s in self._bytes:
-            data = _mask_edges(data, s)
+        for s, (head, tail) in zip(self._bytes, self._edges, strict=True):
+            data = _mask_edges(data, s, head, tail)
         return data
 
     def text_fragments(self, text: str) -> str:
@@ -127,11 +135,10 @@ def edges(secret: bytes) -> tuple[bytes, bytes]:
     return secret[: public_prefix_len(secret) + MIN_SECRET_LEN], secret[-MIN_SECRET_LEN:]
 
 
-def _mask_edges(data: bytes, secret: bytes) -> bytes:
+def _mask_edges(data: bytes, secret: bytes, head: bytes, tail: bytes) -> bytes:
     """Mask maximal runs of `data` that are a prefix or a suffix of `secret`, at least as long as
     its `edges` (a run of a key's public prefix alone, "sk-proj-", stays)."""
-    n = MIN_SECRET_LEN
-    head, tail = edges(secret)
+    n = len(tail)
     if head not in data and tail not in data:
         return data
     spans: list[tuple[int, int]] = []

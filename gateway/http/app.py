@@ -10,7 +10,6 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -51,6 +50,7 @@ from gateway.pipeline.explain import explain_http
 from gateway.pipeline.reply import on_finish
 from gateway.pipeline.stack import Pipeline, client_request_id, new_request_id
 from gateway.pipeline.stages.accept import read_body
+from gateway.policy.rules import rules_path
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
 from gateway.resilience.degradation import Degradation
@@ -66,18 +66,6 @@ GC_GEN0_THRESHOLD = 10_000
 
 def _json(data: object, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
-
-
-def _rules_path(policy: Policy, policy_path: str | None) -> Path | None:
-    rules = policy.degradation.rules
-    if rules is None:
-        return None
-    p = Path(rules)
-    if not p.is_absolute() and policy_path:
-        # Not resolve(): a ConfigMap volume's policy.yaml is a symlink into a timestamped folder,
-        # and the rules path is relative to where the policy is mounted, not to that folder.
-        p = Path(os.path.abspath(policy_path)).parent / p
-    return p
 
 
 # The access log's `endpoint` of a request no route answered (404, 405, refused by the protocol).
@@ -140,7 +128,7 @@ def create_app(
     shares = Shares.local() if policy.replicas.share_limits else Shares()
     runtime = Runtime(policy, shares)
     degradation = Degradation(
-        _rules_path(policy, policy_path), state.hub, prefix=state.tagged_key("deferred")
+        rules_path(policy, policy_path), state.hub, prefix=state.tagged_key("deferred")
     )
     semantic = SemanticLayer(policy.semantic_cache, state.hub, state.prefix)
     pipeline = Pipeline(runtime, state, degradation, semantic)
@@ -167,7 +155,7 @@ def create_app(
     def apply(new: Policy) -> str:
         version = runtime.apply_version(new)
         configure_connections(new.server)
-        degradation.use_rules(_rules_path(new, policy_path))
+        degradation.use_rules(rules_path(new, policy_path))
         return version
 
     reloader = PolicyReloader(policy_path, apply, state, replica_id())

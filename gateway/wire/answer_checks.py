@@ -22,7 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.redact import MASK as REDACTED
-from gateway.redact import Redactor, edges, has_escapes, public_prefix_len
+from gateway.redact import Redactor, has_escapes, public_prefix_len
 from gateway.wire.sse import DONE, event_data
 
 MIB = 1024 * 1024
@@ -588,7 +588,7 @@ class StreamCheck:
         self._secrets: tuple[bytes, ...] = redact.secret_bytes if redact is not None else ()
         # A secret's first and last bytes: an event holding either may hold the secret, or
         # the part of it a stream cut between two events (masked by `Redactor.fragments`).
-        self._edges = tuple(edge for s in self._secrets for edge in edges(s))
+        self._edges = redact.edge_bytes if redact is not None else ()
         texts = redact.secret_texts if redact is not None else ()
         self._guard = TextGuard(texts) if texts and endpoint in ("chat", "completions") else None
         self._size = 0

@@ -4,6 +4,7 @@ request's task is cancelled, its upstream call stops, and it is recorded once, a
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -68,8 +69,6 @@ def test_a_client_gone_from_the_queue_frees_its_place(
     then next in line, answered after the first, not after all three."""
     first = time.monotonic()
     with httpx.Client(timeout=15) as client:
-        import threading
-
         results: list[httpx.Response] = []
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         holder = threading.Thread(
