@@ -33,7 +33,7 @@ from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy
 from gateway.cache.embedder import make_embedder
 from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
-from gateway.cache.semantic_store import RedisSemanticStore
+from gateway.cache.semantic_store import RedisSemanticStore, entry_id_for
 from gateway.cache.shared_context import differing_clauses
 from gateway.cache.verifier import Verifier, default_verifier
 from gateway.infra.hub import RedisHub
@@ -96,12 +96,6 @@ def namespace_for(
     )
     digest = hashlib.blake2b(context, digest_size=12).hexdigest()
     return f"{tenant}\x1f{alias}\x1f{digest}"
-
-
-def entry_id_for(namespace: str, text: str) -> str:
-    """Same question in the same namespace → same id, so replicas overwrite, not duplicate."""
-    key = f"{namespace}\x00{text}".encode()
-    return hashlib.blake2b(key, digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,5 +421,6 @@ class SemanticCache:
             "evicted": self.index.evicted,
             "expired": self.index.expired,
             "redis_errors": self.store_backend.errors if self.store_backend else 0,
+            "invalid": self.store_backend.invalid if self.store_backend else 0,
             "stored": self.stored,
         }

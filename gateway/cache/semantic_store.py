@@ -13,7 +13,9 @@ neither latency nor connection storms. The cache then keeps working from memory.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import math
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -47,30 +49,67 @@ def encode_entry(entry: Entry, model_id: str, origin: str) -> bytes:
     return b"".join((_HEAD.pack(_MAGIC, len(header)), header, vec, entry.response))
 
 
+def entry_id_for(namespace: str, text: str) -> str:
+    """Same question in the same namespace → same id, so replicas overwrite, not duplicate."""
+    key = f"{namespace}\x00{text}".encode()
+    return hashlib.blake2b(key, digest_size=16).hexdigest()
+
+
+#: How far a stored vector's length may be from 1 (float32 rounding of a normalised row is ~1e-7).
+_NORM_TOLERANCE = 1e-3
+
+
+class InvalidEntry(ValueError):
+    """A record of this model that is not what a gateway writes (tampered with, or damaged)."""
+
+
 def decode_entry(entry_id: str, blob: bytes, model_id: str) -> tuple[Entry, str] | None:
-    """The entry and the replica that wrote it; None for records of another model or format."""
+    """The entry and the replica that wrote it; None for records of another model.
+
+    Raises InvalidEntry for anything else that is not a record a gateway wrote: Redis is written
+    by other processes, and an entry is served to whoever asks a similar question in its
+    namespace. Its vector must be finite and of unit length (cosine is an inner product: a
+    vector scaled by 1000 scored 1000 against unrelated questions and was served), its fields
+    of their types and its expiry finite.
+    """
     try:
         magic, hlen = _HEAD.unpack_from(blob)
         if magic != _MAGIC:
-            return None
+            raise InvalidEntry("not a semantic cache record")
         start = _HEAD.size
         header = orjson.loads(blob[start : start + hlen])
-        if header["m"] != model_id:
-            return None
+        if not isinstance(header, dict):
+            raise InvalidEntry("header is not an object")
+        if header.get("m") != model_id:
+            if isinstance(header.get("m"), str):
+                return None  # another embedding model's entry: not ours to use, not damaged
+            raise InvalidEntry("no model id")
+        ns, text, exp, dim = header.get("ns"), header.get("t"), header.get("exp"), header.get("d")
+        if not isinstance(ns, str) or not isinstance(text, str):
+            raise InvalidEntry("namespace or text not a string")
+        if not isinstance(exp, int | float) or isinstance(exp, bool) or not math.isfinite(exp):
+            raise InvalidEntry("expiry not a finite number")
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 < dim <= 65536:
+            raise InvalidEntry("dimension out of range")
         vstart = start + hlen
-        vend = vstart + 4 * int(header["d"])
-        vector = np.frombuffer(blob, dtype="<f4", count=int(header["d"]), offset=vstart)
+        vend = vstart + 4 * dim
+        vector = np.frombuffer(blob, dtype="<f4", count=dim, offset=vstart).astype(np.float32)
+        norm = float(np.linalg.norm(vector))  # NaN or inf for a non-finite component
+        if not abs(norm - 1.0) <= _NORM_TOLERANCE:
+            raise InvalidEntry("vector not finite or not of unit length")
         entry = Entry(
             entry_id=entry_id,
-            namespace=header["ns"],
-            text=header["t"],
-            vector=vector.astype(np.float32),
+            namespace=ns,
+            text=text,
+            vector=vector,
             response=bytes(blob[vend:]),
-            expires_at=float(header["exp"]),
+            expires_at=float(exp),
         )
         return entry, str(header.get("o", ""))
-    except (struct.error, ValueError, KeyError, TypeError):
-        return None
+    except InvalidEntry:
+        raise
+    except (struct.error, ValueError, TypeError, UnicodeError) as e:
+        raise InvalidEntry(f"unreadable record ({type(e).__name__})") from e
 
 
 class RedisSemanticStore:
@@ -99,6 +138,10 @@ class RedisSemanticStore:
         self._down_until = 0.0
         self._failing = False
         self.errors = 0
+        self.invalid = 0
+        """Records under the prefix that are not entries a gateway wrote (damaged, tampered
+        with): never loaded into the index."""
+        self._invalid_logged_at = -60.0
 
     # -- error handling ---------------------------------------------------------------------
     def available(self) -> bool:
@@ -153,7 +196,7 @@ class RedisSemanticStore:
         try:
             cursor = 0
             pattern = self.prefix + "*"
-            plen = len(self.prefix)
+            plen = len(self.prefix.encode())
             while True:
                 if is_cluster(self._redis):
                     # Every primary's keys, fetched per slot (entries are spread over slots).
@@ -168,8 +211,8 @@ class RedisSemanticStore:
                     for key, blob in zip(keys, blobs, strict=True):
                         if not isinstance(blob, bytes):  # needs decode_responses=False
                             continue
-                        key_s = key.decode() if isinstance(key, bytes) else key
-                        decoded = decode_entry(key_s[plen:], blob, self.model_id)
+                        raw = key if isinstance(key, bytes) else str(key).encode()
+                        decoded = self._decode(raw[plen:], blob)
                         if decoded is not None:
                             entries.append(decoded[0])
                     if entries:
@@ -240,7 +283,27 @@ class RedisSemanticStore:
             if not isinstance(data, bytes | bytearray):
                 continue
             entry_id, _, blob = bytes(data).partition(b"\n")
-            decoded = decode_entry(entry_id.decode(), blob, self.model_id)
+            decoded = self._decode(entry_id, blob)
             if decoded is not None and decoded[1] != self.origin:
                 entries.append(decoded[0])
         return entries
+
+    def _decode(self, entry_id: bytes, blob: bytes) -> tuple[Entry, str] | None:
+        """`decode_entry`, with a record that is not a gateway's counted in `invalid` (and
+        logged, at most once a minute) instead of added: never an error for the scan or the
+        subscription, whatever the key or the bytes."""
+        try:
+            return decode_entry(entry_id.decode(), blob, self.model_id)
+        except (InvalidEntry, UnicodeDecodeError) as e:
+            self.invalid += 1
+            now = time.monotonic()
+            if now >= self._invalid_logged_at + 60:
+                self._invalid_logged_at = now
+                log.warning(
+                    "semantic cache: record %r in Redis is not a gateway entry (%s); not loaded "
+                    "(%d so far)",
+                    entry_id[:64],
+                    e,
+                    self.invalid,
+                )
+            return None
