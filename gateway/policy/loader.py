@@ -31,6 +31,17 @@ from gateway.policy.source import MAX_BYTES, SourceMap, YamlLimitError, load_yam
 SECRET_VARIABLES = frozenset({"GATEWAY_ADMIN_KEY", "GATEWAY_API_KEYS"})
 
 
+# Line breaks and other control characters: a value quoted in a problem (a key, a name, an
+# interpolated variable) must not start a line of its own in `policy check` output or the log.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), *range(127, 160))}
+_CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+
+
+def one_line(text: str) -> str:
+    """`text` with control characters written as escapes: one line, whatever a value held."""
+    return text.translate(_CONTROL)
+
+
 class PolicyError(Exception):
     """A policy that cannot be used. `problems` holds one "field.path: message (line N)" each."""
 
@@ -62,7 +73,7 @@ class _Problems:
         if line is None:
             line = self.smap.line_of(at) if at and at != "<root>" else None
         where = f" (line {line})" if line else ""
-        return f"{path or '<root>'}: {message}{where}"
+        return one_line(f"{path or '<root>'}: {message}{where}")
 
     def error(
         self, path: str, message: str, at: str | None = None, line: int | None = None

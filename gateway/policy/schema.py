@@ -153,7 +153,12 @@ class Provider(Strict):
 
     @field_validator("base_url")
     @classmethod
-    def _no_credentials(cls, v: str) -> str:
+    def _usable_url(cls, v: str) -> str:
+        # A URL no request can reach (often from an interpolated variable) is refused here,
+        # before traffic, rather than failing every request as a connect_error.
+        bad = next((c for c in v if ord(c) <= 32 or 127 <= ord(c) <= 159), None)
+        if bad is not None:
+            raise ValueError(f"holds a space or control character ({bad!r})")
         # Credentials in a URL end up in logs and error messages; keys go in api_key_env/headers.
         parts = urlsplit(v)
         if parts.username or parts.password:
@@ -162,6 +167,15 @@ class Provider(Strict):
             )
         if not parts.hostname:
             raise ValueError("has no host name")
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ValueError(f"the port of '{parts.netloc}' is not a port number (1-65535)")
+        if "#" in v:
+            # Request paths are appended to the base URL: after a '#' they would never be sent.
+            raise ValueError("must not have a #fragment (request paths are appended after it)")
         return v
 
     @field_validator("headers")
