@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import orjson
 
@@ -41,7 +41,10 @@ class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         # Longest first, all kept: a key that begins with another key (two keys of one
         # account) is masked whole, not left with its tail after the shorter one's mask.
-        values = sorted({s for s in secrets if s and len(s) >= MIN_SECRET_LEN}, key=len)[::-1]
+        given = {s for s in secrets if s and len(s) >= MIN_SECRET_LEN}
+        # A secret as a URL quotes it (`/`, `+`, `=` of a base64 key as `%2F`...): an answer
+        # quoting a request URL shows it so.
+        values = sorted(given | {v for s in given for v in url_forms(s)}, key=len)[::-1]
         self._texts = tuple(values)
         self._bytes = tuple(v.encode() for v in values)
         # Each secret's shortest start and end that count as part of it: once, per policy.
@@ -109,6 +112,30 @@ class Redactor:
         for s in self._texts:
             text = _mask_runs(text, s)
         return text
+
+
+def url_forms(secret: str) -> set[str]:
+    """`secret` percent-encoded as URL encoders write it (upper and lower case hex), when that
+    differs from the secret itself."""
+    out = set()
+    for safe in ("", "/"):
+        q = quote(secret, safe=safe)
+        if q != secret:
+            out |= {q, re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), q)}
+    return out
+
+
+def unquoted(text: str) -> str:
+    """`text` with its percent-escapes decoded, up to three times over (a key quoted in a URL
+    that was quoted again): every way of spelling a character in a URL is one spelling here."""
+    for _ in range(3):
+        if "%" not in text:
+            break
+        decoded = unquote(text, errors="replace")
+        if decoded == text:
+            break
+        text = decoded
+    return text
 
 
 def has_escapes(data: bytes) -> bool:
@@ -247,6 +274,12 @@ _KEYLIKE = re.compile(
     r"|\beyJ[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]*"
     r"|\b[A-Za-z0-9_\-]{32,}\b"
 )
+# A credential in a URL's query, however the URL is written (`?key=AIza...` in Gemini's errors,
+# `&sig=`, `&X-Amz-Signature=`): the value goes, the parameter's name stays.
+_QUERY_SECRET = re.compile(
+    r"(?i)([?&;](?:[a-z0-9_\-]*?(?:key|token|secret|sig|signature|password|passwd|pwd|auth|"
+    r"credential))=)[^&\s\"'#<>]+"
+)
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s\"'<>)]+")
 _IP = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b|\[[0-9a-fA-F:]+\](?::\d{1,5})?")
 _HOST = re.compile(
@@ -258,7 +291,9 @@ _HOST = re.compile(
 
 def sanitize_message(message: str, redactor: Redactor | None, hosts: Iterable[str] = ()) -> str:
     """An upstream message fit for a client: no secret, token, key, URL or internal host."""
-    text = message[: MAX_MESSAGE_CHARS * 4]
+    # Read as decoded: a key quoted percent-encoded (`sk%2Dabc...`, `%73%6B...`) is the key.
+    text = unquoted(message[: MAX_MESSAGE_CHARS * 4])
+    text = _QUERY_SECRET.sub(lambda m: m.group(1) + MASK, text)
     if redactor is not None:
         text = redactor.text_fragments(redactor.text(text))
     text = _URL.sub("[url]", text)
@@ -277,9 +312,10 @@ def sanitize_message(message: str, redactor: Redactor | None, hosts: Iterable[st
 def secret_like(value: str, redactor: Redactor | None) -> bool:
     """Whether a short upstream token (an error's type, code or param) holds a secret, part of
     one, or anything shaped like a credential: such a token is dropped, not relayed."""
+    value = unquoted(value)
     if redactor is not None and redactor.text_fragments(redactor.text(value)) != value:
         return True
-    return bool(_KEYLIKE.search(value) or _BEARER.search(value))
+    return bool(_KEYLIKE.search(value) or _BEARER.search(value) or _QUERY_SECRET.search(value))
 
 
 def redacted_dump(doc: Any, redactor: Redactor) -> Any:

@@ -19,6 +19,7 @@ import orjson
 from gateway.policy.schema import Provider
 from gateway.providers.base import Adapter, StreamTranslator, UpstreamRequest, register
 from gateway.providers.settings import AzureSettings
+from gateway.wire.answer_checks import flatten_content
 
 _ENDPOINT_PATHS = {
     "chat": "chat/completions",
@@ -68,7 +69,9 @@ class AzureAdapter(Adapter):
         return UpstreamRequest(self._path(endpoint, model), orjson.dumps(body))
 
     def response(self, endpoint: str, body: bytes, model: str) -> bytes:
-        return body  # OpenAI's shape already (checked by the dispatcher like any answer)
+        # OpenAI's shape already (checked by the dispatcher like any answer); content-part
+        # lists (models of other vendors served by Azure) as the string clients read.
+        return flatten_content(endpoint, body)
 
     def stream(self, endpoint: str, body: dict[str, Any], model: str) -> StreamTranslator | None:
         return None  # OpenAI chunks already

@@ -34,7 +34,7 @@ from gateway.providers.upstream import (
     UpstreamResponse,
     UpstreamStream,
 )
-from gateway.wire.answer_checks import InvalidAnswer
+from gateway.wire.answer_checks import InvalidAnswer, flatten_content
 from gateway.wire.request import PATHS
 
 JSON_HEADERS = {"content-type": "application/json"}
@@ -95,7 +95,10 @@ class Adapter(OpenAIWire):
         """One unary attempt: the answer as OpenAI JSON bytes (`model`: the provider's id)."""
         if self.passthrough:
             raw = _with_model(body, model)
-            return await client.send(PATHS[endpoint], raw, headers, timeouts, max_tokens)
+            resp = await client.send(PATHS[endpoint], raw, headers, timeouts, max_tokens)
+            # Content-part lists (Mistral, reasoning servers) as the string clients read.
+            resp.body = flatten_content(endpoint, resp.body)
+            return resp
         if not self.supports(endpoint):
             raise UnsupportedEndpoint(self.type, endpoint)
         req = self.request(endpoint, body, model, False)

@@ -150,6 +150,79 @@ def usage_counts(usage: Any) -> tuple[int | None, int | None]:
 _MESSAGE_PARTS = ("content", "tool_calls", "function_call", "refusal", "audio")
 
 
+# -- content-part lists ----------------------------------------------------------------------
+# OpenAI-compatible vendors (Mistral's Magistral, some vLLM reasoning parsers) answer a message's
+# or a delta's `content` as a list of parts: text parts, thinking parts (their own list of text
+# parts, or a string) and reference parts (citation ids). Clients of the chat API read a string:
+# the text parts are joined into one, thinking and references are dropped (the chat API has no
+# field of its own for them). A part of any other shape or type is a bad answer, as before.
+_TEXT_PARTS = frozenset({"text", "output_text"})
+_DROPPED_PARTS = frozenset({"thinking", "reasoning", "reference"})
+# A body that may hold such a list: `"content": [` (a false hit, inside a string, costs a parse).
+_CONTENT_LIST = re.compile(rb'"content"\s*:\s*\[')
+
+
+def flatten_parts(parts: list[Any]) -> str | None:
+    """The text of a content-part list (None when it holds no text part); raises InvalidAnswer
+    for a part that is not one of the known kinds."""
+    texts: list[str] = []
+    seen_text = False
+    for part in parts:
+        if type(part) is not dict or type(part.get("type")) is not str:
+            raise InvalidAnswer("a content part is not a typed object")
+        kind = part["type"]
+        if kind in _TEXT_PARTS:
+            if type(part.get("text")) is not str:
+                raise InvalidAnswer("a text part has no text")
+            texts.append(part["text"])
+            seen_text = True
+        elif kind in _DROPPED_PARTS:
+            inner = part.get(kind)
+            if kind != "reference" and inner is not None and type(inner) is not str:
+                if type(inner) is not list:
+                    raise InvalidAnswer("a thinking part holds neither text nor parts")
+                for sub in inner:
+                    if type(sub) is not dict or type(sub.get("text", "")) is not str:
+                        raise InvalidAnswer("a thinking part holds something not text")
+        else:
+            raise InvalidAnswer("a content part is of an unknown type")
+    return "".join(texts) if seen_text else None
+
+
+def flatten_content(endpoint: str, body: bytes) -> bytes:
+    """A unary chat answer whose messages' `content` is a part list, with each list replaced
+    by its text (`flatten_parts`); any other body as it is. A list that is not valid content
+    stays a list, for `check_unary` to refuse."""
+    if endpoint != "chat" or _CONTENT_LIST.search(body) is None:
+        return body
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    choices = doc.get("choices") if type(doc) is dict else None
+    if type(choices) is not list:
+        return body
+    changed = False
+    for choice in choices:
+        msg = choice.get("message") if type(choice) is dict else None
+        if type(msg) is dict and type(msg.get("content")) is list:
+            try:
+                msg["content"] = flatten_parts(msg["content"])
+            except InvalidAnswer:
+                return body
+            changed = True
+    return orjson.dumps(doc) if changed else body
+
+
+def _flatten_delta(delta: dict[str, Any]) -> None:
+    """A delta's content-part list as its text, in place (no text: no content)."""
+    text = flatten_parts(delta["content"])
+    if text is None:
+        del delta["content"]
+    else:
+        delta["content"] = text
+
+
 def _check_message(msg: dict[str, Any]) -> None:
     if not any(k in msg for k in _MESSAGE_PARTS):
         raise InvalidAnswer("a message holds no content")
@@ -216,8 +289,15 @@ def check_chunk(endpoint: str, payload: bytes) -> dict[str, Any]:
     """One stream event's data: a JSON object of the endpoint's chunk shape, not an error.
 
     Per event on the hot path (about a microsecond): the usual chat delta (`role`, `content`)
-    is checked inline, anything else by the same checks as a unary message.
+    is checked inline, anything else by the same checks as a unary message. A delta whose
+    content is a part list has it replaced by its text (`flatten_parts`).
     """
+    return _check_chunk(endpoint, payload)[0]
+
+
+def _check_chunk(endpoint: str, payload: bytes) -> tuple[dict[str, Any], bool]:
+    """`check_chunk`, and whether the chunk was changed (a content-part list flattened): then
+    it must be relayed re-encoded."""
     try:
         doc = orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -231,13 +311,14 @@ def check_chunk(endpoint: str, payload: bytes) -> dict[str, Any]:
     if usage is not None:
         _check_usage(usage)
     if endpoint != "chat" and endpoint != "completions":
-        return doc
+        return doc, False
     choices = doc.get("choices")
     if type(choices) is not list:
         if choices is None and type(usage) is dict:
-            return doc  # a usage-only chunk
+            return doc, False  # a usage-only chunk
         raise InvalidAnswer("a chunk has no 'choices' array")
     chat = endpoint == "chat"
+    changed = False
     for choice in choices:
         if type(choice) is not dict:
             raise InvalidAnswer("a chunk's choice is not an object")
@@ -259,8 +340,11 @@ def check_chunk(endpoint: str, payload: bytes) -> dict[str, Any]:
             text, role = delta.get("content"), delta.get("role")
             if (text is None or type(text) is str) and (role is None or type(role) is str):
                 continue
+        if type(delta.get("content")) is list:
+            _flatten_delta(delta)
+            changed = True
         _check_delta(delta)
-    return doc
+    return doc, changed
 
 
 _PLAIN_DELTA = frozenset({"role", "content"})
@@ -640,7 +724,10 @@ class StreamCheck:
             end = block.index(b"}\n\n", pos) + 1
             if not block.startswith(b"data: {", pos):
                 return -1  # another field or layout: the slow path says what it is
-            docs.append(check_chunk(self._endpoint, block[pos + 6 : end]))
+            doc, changed = _check_chunk(self._endpoint, block[pos + 6 : end])
+            if changed:
+                return -1  # re-encoded one by one
+            docs.append(doc)
             pos = end + 2
         if guard is not None:
             endpoint, saved = self._endpoint, dict(guard.tails)
@@ -684,7 +771,10 @@ class StreamCheck:
         if data is not None:
             # A chunk is a JSON object of the endpoint's shape: anything else (cut JSON, text,
             # a list, an error) is what no client can use.
-            doc = check_chunk(self._endpoint, data)
+            doc, changed = _check_chunk(self._endpoint, data)
+            if changed:  # a content-part list, now its text
+                data = orjson.dumps(doc)
+                ev = b"data: " + data + b"\n\n"
             self.chunks += 1
             guard = self._guard
             if guard is not None:
