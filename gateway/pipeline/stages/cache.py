@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from gateway.cache.exact import Store, cacheable, exact_key
 from gateway.cache.semantic_layer import SemanticLayer, SemanticPlan
 from gateway.cache.singleflight import LeaderGone, SingleFlight, wait
 from gateway.context import Context
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, bad_request
 from gateway.observability.tracing import stage
 from gateway.pipeline.call import Call
 from gateway.pipeline.reply import StreamReply, on_finish
@@ -42,6 +43,54 @@ def clamp_ttl(header: str | None, policy_ttl_s: int) -> int:
     if header and len(header) <= 12 and header.isascii() and header.isdigit():
         return max(1, min(int(header), policy_ttl_s))
     return policy_ttl_s
+
+
+NAMESPACE_HEADER = "x-gateway-cache-namespace"
+#: A namespace is an opaque label the client chooses; it keys both caches (hashed, never stored).
+NAMESPACE_MAX = 256
+_NAMESPACE = re.compile(rf"[\x20-\x7e]{{1,{NAMESPACE_MAX}}}")
+
+
+def cache_namespace(header: str | None) -> str:
+    """The client's `x-gateway-cache-namespace`, or a 400 when it is not 1 to 256 printable
+    ASCII characters. Refused, not ignored: a namespace the client relies on to keep its
+    users' answers apart must never quietly become the shared default one."""
+    if not header:
+        return ""
+    if _NAMESPACE.fullmatch(header) is None:
+        raise bad_request(
+            f"The {NAMESPACE_HEADER} header must be 1 to {NAMESPACE_MAX} printable ASCII "
+            "characters.",
+            param=NAMESPACE_HEADER,
+            code="invalid_cache_namespace",
+        )
+    return header
+
+
+def cache_directives(cache_control: str | None, pragma: str | None = None) -> frozenset[str]:
+    """What the request's caching headers ask of the cache: "no-store" (neither read nor
+    write) and "no-cache" (skip the lookup, store the fresh answer).
+
+    Directives are matched whole, case-insensitively. `max-age=0` is a "no-cache" (the client
+    accepts no stored answer, whatever its age, RFC 9111 5.2.1.1); a larger max-age is not
+    acted on (entries do not record their age). `Pragma: no-cache` counts only without a
+    Cache-Control header (RFC 9111 5.4).
+    """
+    found: set[str] = set()
+    if cache_control is None:
+        if pragma is not None and any(p.strip().lower() == "no-cache" for p in pragma.split(",")):
+            found.add("no-cache")
+        return frozenset(found)
+    for part in cache_control.split(","):
+        name, _, value = part.partition("=")
+        name = name.strip().lower()
+        if name in ("no-store", "no-cache"):
+            found.add(name)
+        elif name == "max-age":
+            value = value.strip().strip('"')
+            if value.isascii() and value.isdigit() and int(value) == 0:
+                found.add("no-cache")
+    return frozenset(found)
 
 
 def uses_cache(policy: Policy, alias: Alias) -> bool:
@@ -65,7 +114,7 @@ def describe(acc: ParsedRequest, alias: Alias, cache_control: str | None) -> dic
         reason = "exact cache disabled for this alias"
     elif acc.endpoint != "embeddings" and not cacheable(acc.body, settings):
         reason = "sampled request (temperature is not 0)"
-    elif cache_control and "no-store" in cache_control.lower():
+    elif "no-store" in cache_directives(cache_control):
         reason = "cache-control: no-store"
     return {
         "exact": {
@@ -135,12 +184,12 @@ class Cache:
     def plan(
         self, acc: ParsedRequest, alias: Alias, ctx: Context, headers: Mapping[str, str]
     ) -> CachePlan | None:
-        cc = headers.get("cache-control", "").lower()
+        namespace = cache_namespace(headers.get(NAMESPACE_HEADER))
+        cc = cache_directives(headers.get("cache-control"), headers.get("pragma"))
         if "no-store" in cc:
             return None
         exact = alias.cache.exact
         use_exact = exact.enabled and (acc.endpoint == "embeddings" or cacheable(acc.body, exact))
-        namespace = headers.get("x-gateway-cache-namespace", "")
         semantic = None
         if acc.endpoint == "chat":
             semantic = self.semantic.plan(
