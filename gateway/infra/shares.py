@@ -25,6 +25,10 @@ Error bound, documented in README "Limits across processes":
   end;
 - with Redis unreachable, every process keeps the last count it learned (without Redis at all:
   the local worker count, `floor(total / workers)`, at least 1).
+The set is data written by others: only entries shaped like a process id and expiring within
+`MAX_AHEAD_S` count (one written further ahead, or never expiring, is removed: no process writes
+it), and at most `MAX_PROCESSES` of them, so a stray or hostile write can neither pin a phantom
+process forever nor make a heartbeat read an unbounded set.
 A total smaller than the number of processes leaves some processes without a slot for that
 member (they use other members or queue): the sum still never exceeds the total.
 """
@@ -35,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import time
 import uuid
 import zlib
@@ -46,6 +51,12 @@ from gateway.infra.replicas import ReplicaSettings
 from gateway.infra.shared_state import SharedState
 
 log = logging.getLogger("gateway.shares")
+
+# Entries of the process set that count: an id as `Membership` writes it (host:pid:hex), expiring
+# at most two lifetimes of the slowest heartbeat ahead (leeway for clocks that differ a little).
+PROCESS_ID = re.compile(r"^[^\s:]{1,255}:[0-9]{1,10}:[0-9a-f]{6}$")
+MAX_AHEAD_S = 180.0
+MAX_PROCESSES = 1024
 
 
 @dataclass(slots=True)
@@ -132,9 +143,10 @@ class Membership:
             async with r.pipeline(transaction=False) as p:
                 p.zadd(self.key, {self.id: now + ttl_s(hb)})
                 p.zremrangebyscore(self.key, "-inf", now)
-                p.zrange(self.key, 0, -1)
+                p.zremrangebyscore(self.key, f"({now + MAX_AHEAD_S}", "+inf")
+                p.zrangebyscore(self.key, now, now + MAX_AHEAD_S, start=0, num=MAX_PROCESSES)
                 p.expire(self.key, max(10, int(30 * hb)))
-                return (await p.execute())[2]
+                return (await p.execute())[3]
 
         members = await self.state.call(announce, None)
         mono = time.monotonic()
@@ -146,7 +158,8 @@ class Membership:
             return
         if self.joined_at is None:
             self.joined_at = mono
-        ids = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+        texts = (m.decode("utf-8", "replace") if isinstance(m, bytes) else str(m) for m in members)
+        ids = sorted({t for t in texts if PROCESS_ID.fullmatch(t)} | {self.id})
         rank = ids.index(self.id) if self.id in ids else 0
         # Fewer processes (a larger share) counts only once it has held for a whole lifetime.
         count = self._remember(mono, max(1, len(ids)), hb)
