@@ -374,6 +374,8 @@ class ReplayWorker:
         self.consumer = consumer or f"worker-{uuid.uuid4().hex[:8]}"
         self.settings = settings or ReplaySettings()
         self._held: dict[str, tuple[ReplayEntry, int, float]] = {}  # id -> entry, tries, due
+        # Entries answered but not yet stored (id -> outcome) or acknowledged (id -> None).
+        self._settled: dict[str, dict[str, Any] | None] = {}
         self._last_touch = 0.0
         self._task: asyncio.Task[None] | None = None
         self._down = False
@@ -425,12 +427,52 @@ class ReplayWorker:
                 due.append(entry.entry_id)
         elif not due:
             await asyncio.sleep(wait_ms / 1000.0)
+        if not due:
+            return 0
         # Due entries are replayed together: after an outage a backlog drains at the providers'
         # pace, not one request at a time (at most `batch` are held, so this stays bounded).
-        return sum(await asyncio.gather(*(self._attempt(eid) for eid in due)))
+        # While they run (a long generation outlasts `claim_idle_ms`), the held entries are
+        # refreshed, so that no other worker takes one for an orphan and replays it again.
+        keep_alive = asyncio.create_task(self._keep_alive())
+        try:
+            # Every attempt ends before the next cycle (an error in one never leaves another
+            # running while the next cycle sends its entry again).
+            outcomes = await asyncio.gather(
+                *(self._attempt(eid) for eid in due), return_exceptions=True
+            )
+        finally:
+            keep_alive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keep_alive
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return sum(o for o in outcomes if isinstance(o, int))
+
+    async def _keep_alive(self) -> None:
+        """Refresh the held entries every third of `claim_idle_ms` (until cancelled)."""
+        period = self.settings.claim_idle_ms / 3000.0
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.queue.touch(self.consumer, list(self._held))
+            except Exception as exc:  # noqa: BLE001 - the queue is down: the next cycle says so
+                log.debug("replay worker %s: refresh failed (%s)", self.consumer, exc)
+                continue
+            self._last_touch = time.monotonic()
 
     async def _attempt(self, entry_id: str) -> int:
         entry, tries, _ = self._held[entry_id]
+        if entry_id in self._settled:
+            # Answered already, but storing the outcome or acknowledging it failed: finish
+            # that, never send the request a second time.
+            return await self._finish(entry_id, entry, self._settled[entry_id])
+        if tries == 0:
+            # Taken for the first time here, maybe from a worker that died after storing its
+            # outcome but before acknowledging it: a finished request is only acknowledged.
+            known = await self.queue.get_result(entry.request_id)
+            if known is not None and known.get("status") in ("done", "failed"):
+                return await self._finish(entry_id, entry, None)
         tries += 1
         try:
             status, body = await self.send(entry)
@@ -454,8 +496,20 @@ class ReplayWorker:
             attempts=tries,
             last_error=error,
         )
-        await self.queue.set_result(entry.request_id, doc)  # result first, then ack
+        return await self._finish(entry_id, entry, doc)
+
+    async def _finish(self, entry_id: str, entry: ReplayEntry, doc: dict[str, Any] | None) -> int:
+        """Store a finished request's outcome (None: stored already), then acknowledge it.
+
+        Until both are done the outcome stays in `_settled`: a Redis error here retries these
+        two steps on the next cycle, never the request.
+        """
+        self._settled[entry_id] = doc
+        if doc is not None:
+            await self.queue.set_result(entry.request_id, doc)  # result first, then ack
+            self._settled[entry_id] = None  # stored: only the acknowledgement is left
         await self.queue.ack(entry_id)
+        self._settled.pop(entry_id, None)
         del self._held[entry_id]
         self.completed += 1
         return 1
