@@ -19,6 +19,7 @@ from typing import Any
 from starlette.responses import Response
 
 from gateway.cache.exact import Store, cacheable, exact_key
+from gateway.cache.replay import replay_events
 from gateway.cache.semantic_layer import SemanticLayer, SemanticPlan
 from gateway.cache.singleflight import LeaderGone, SingleFlight, wait
 from gateway.context import Context
@@ -29,7 +30,6 @@ from gateway.pipeline.reply import StreamReply, on_finish
 from gateway.pipeline.stage import Next
 from gateway.policy.schema import Alias, Policy
 from gateway.wire.answer_checks import InvalidAnswer, check_unary
-from gateway.wire.chunks import completion_to_events
 from gateway.wire.request import ParsedRequest
 
 JSON = "application/json"
@@ -276,7 +276,7 @@ class Cache:
         if not acc.stream:
             return Response(body, headers=ctx.headers(), media_type=JSON)
         include_usage = bool((acc.body.get("stream_options") or {}).get("include_usage"))
-        events = completion_to_events(completion, include_usage)
+        events = replay_events(acc.endpoint, completion, include_usage)
         return Response(b"".join(events), headers=ctx.headers(), media_type="text/event-stream")
 
     def _store(self, plan: CachePlan, body: bytes) -> asyncio.Task[bool] | None:

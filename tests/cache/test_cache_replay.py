@@ -1,0 +1,146 @@
+"""A cached answer replayed to a streaming request is its endpoint's stream, whole.
+
+Through the HTTP API with the official openai and anthropic clients: a completions answer is
+replayed as text_completion events (it came back as chat chunks with the text lost), a refused
+chat answer as refusal deltas (it came back as an empty answer), with the answer's id, usage when
+asked, and `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.hostile import HostileUpstream
+from tests.support import TWO_TENANTS, GatewayServer, policy, requests_at, validate_sse
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[HostileUpstream]:
+    with HostileUpstream() as h:
+        yield h
+
+
+@pytest.fixture
+def gw(fleet: Any, gateway: Any, hostile: HostileUpstream) -> GatewayServer:
+    fleet.reset("a")
+    return gateway(
+        policy(
+            {"p": fleet.url("a"), "r": hostile.url("refusal")},
+            "p",
+            auth=TWO_TENANTS,
+            pool={"members": ["p"]},
+            pools={"refusing": {"members": ["r"]}},
+            models={"refusing": {"pool": "refusing"}},
+        )
+    )
+
+
+def client(gw: GatewayServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key="key-1", max_retries=0)
+
+
+def sse_payloads(body: bytes) -> list[dict[str, Any]]:
+    out = []
+    for block in body.decode().split("\n\n"):
+        if block.startswith("data: ") and block != "data: [DONE]":
+            out.append(json.loads(block[6:]))
+    assert body.rstrip().endswith(b"data: [DONE]")
+    return out
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_a_completions_answer_is_replayed_as_a_completions_stream(gw, fleet, include_usage) -> None:
+    oai = client(gw)
+    first = oai.completions.create(model="chat", prompt="Say hi", temperature=0, max_tokens=8)
+    options = {"include_usage": True} if include_usage else None
+    raw = httpx.post(
+        gw.base_url + "/completions",
+        json={
+            "model": "chat",
+            "prompt": "Say hi",
+            "temperature": 0,
+            "max_tokens": 8,
+            "stream": True,
+            **({"stream_options": options} if options else {}),
+        },
+        headers={"authorization": "Bearer key-1"},
+        timeout=30,
+    )
+    assert raw.headers["x-gateway-cache"] == "hit-exact"
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    chunks = sse_payloads(raw.content)
+    for chunk in chunks:
+        assert chunk["object"] == "text_completion" and chunk["id"] == first.id
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == first.choices[0].text and text
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finishes[-1] == first.choices[0].finish_reason and set(finishes[:-1]) <= {None}
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage == ([first.usage.model_dump(exclude_none=True)] if include_usage else [])
+    # Shaped like the live stream the provider sends (asked with no-store: not from the cache).
+    live = httpx.post(
+        gw.base_url + "/completions",
+        json={"model": "chat", "prompt": "Say hi", "temperature": 0, "max_tokens": 8,
+              "stream": True},
+        headers={"authorization": "Bearer key-1", "cache-control": "no-store"},
+        timeout=30,
+    )  # fmt: skip
+    live_chunks = [c for c in sse_payloads(live.content) if c["choices"]]
+    assert {c["object"] for c in live_chunks} == {"text_completion"}
+    for chunk in chunks:
+        assert set(chunk) <= set(live_chunks[0]) | {"usage"}
+        for choice in chunk["choices"]:
+            assert set(choice) == set(live_chunks[0]["choices"][0])
+    # The official client reads it as a completions stream.
+    stream = oai.completions.create(
+        model="chat", prompt="Say hi", temperature=0, max_tokens=8, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream if c.choices) == first.choices[0].text
+    assert requests_at(fleet, "a") == 0  # completions are counted apart from chat
+    assert fleet.stats("a")["by_endpoint"].get("completions") == 2  # the first, the live one
+
+
+def test_a_refused_answer_is_replayed_as_a_refusal(gw) -> None:
+    oai = client(gw)
+    msgs = [{"role": "user", "content": "Help me with something bad"}]
+    first = oai.chat.completions.create(model="refusing", messages=msgs, temperature=0)
+    refusal = first.choices[0].message.refusal
+    assert refusal and first.choices[0].message.content is None
+    raw = httpx.post(
+        gw.base_url + "/chat/completions",
+        json={"model": "refusing", "messages": msgs, "temperature": 0, "stream": True},
+        headers={"authorization": "Bearer key-1"},
+        timeout=30,
+    )
+    assert raw.headers["x-gateway-cache"] == "hit-exact"
+    chunks = validate_sse(raw.content)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("refusal") or "" for d in deltas) == refusal
+    assert not any(d.get("content") for d in deltas)
+    stream = oai.chat.completions.create(
+        model="refusing", messages=msgs, temperature=0, stream=True
+    )
+    got = "".join(c.choices[0].delta.refusal or "" for c in stream if c.choices)
+    assert got == refusal
+    # A Messages client streaming a cached refusal gets the refusal's text too.
+    ac = anthropic.Anthropic(base_url=gw.url, api_key="key-1", max_retries=0)
+    ask = {
+        "model": "refusing",
+        "max_tokens": 64,
+        "messages": msgs,
+        "extra_body": {"temperature": 0},
+    }
+    unary = ac.messages.create(**ask)  # type: ignore[call-overload]
+    with ac.messages.stream(**ask) as s:  # type: ignore[arg-type]
+        assert s.response.headers["x-gateway-cache"] == "hit-exact"
+        final = s.get_final_message()
+    assert final.stop_reason == unary.stop_reason
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in unary.content]
+    assert refusal in json.dumps([b.model_dump() for b in final.content])
