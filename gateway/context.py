@@ -7,6 +7,9 @@ from typing import Any, Protocol
 
 # Set in the ASGI scope by the HTTP protocol when the request body did not arrive in time.
 READ_TIMEOUT_KEY = "gateway.read_timeout"
+# Set in the ASGI scope by the HTTP protocol when the parser refused the request's body (a
+# malformed chunk, trailer fields too large): (status, message, code) of the error to answer.
+REFUSED_KEY = "gateway.refused"
 
 
 class RequestSpans(Protocol):

@@ -13,6 +13,11 @@
   than half the process's open-file limit; a new connection beyond it closes the connections that
   have been idle longest (no request in progress), and is itself closed when none is idle.
 
+- A body the parser refuses (a malformed chunk, trailer fields beyond MAX_HEAD_BYTES) is raised
+  to the app's read as a GatewayError (400, 431): answered in its API's shape, recorded once.
+- A bad request pipelined behind good ones is answered after them (they were lost).
+- A client that half-closes after a complete request still gets its answer (see eof_received).
+
 Also one fix for clients that reset their connections: uvicorn (0.54) cancels a connection's
 keep-alive timer only when the connection closed cleanly; after a reset the timer kept the
 protocol object, its parser and the last request's state alive until it fired. Cancelling it on
@@ -31,14 +36,15 @@ import contextlib
 import http
 import logging
 import resource
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.apis.messages import anthropic_error, owns_path
-from gateway.context import READ_TIMEOUT_KEY
+from gateway.context import READ_TIMEOUT_KEY, REFUSED_KEY
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
@@ -127,13 +133,21 @@ def error_response(
 
 class _Cycle(RequestResponseCycle):
     """uvicorn's request cycle, except that once the body timeout fired the app reads a
-    disconnect while its answer can still be sent (uvicorn's own disconnect drops it)."""
+    disconnect while its answer can still be sent (uvicorn's own disconnect drops it), and that
+    a body the parser refused (a malformed chunk, trailers too large) is a GatewayError raised
+    to the app's read: the app answers it in its API's shape and records it once."""
 
     async def receive(self) -> ASGIReceiveEvent:
-        message = await super().receive()
-        if READ_TIMEOUT_KEY in self.scope:
-            return _DISCONNECT
-        return message
+        refused = self.scope.get(REFUSED_KEY)  # type: ignore[call-overload]
+        if refused is None:
+            message = await super().receive()
+            refused = self.scope.get(REFUSED_KEY)  # type: ignore[call-overload]
+            if refused is None:
+                if READ_TIMEOUT_KEY in self.scope:
+                    return _DISCONNECT
+                return message
+        status, text, code = cast("tuple[int, str, str]", refused)
+        raise GatewayError(status, text, code=code)
 
 
 class GatewayHttpProtocol(HttpToolsProtocol):
@@ -150,8 +164,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._heads = 0  # request heads begun on this connection
         self._read_len = 0  # bytes of the read being parsed
         self._head_too_large = False
+        self._trailers_too_large = False
         self._trailer_bytes = 0  # trailer fields of the request being read
         self._running: RequestResponseCycle | None = None  # the request being answered
+        self._refused = False  # a refusal was decided: nothing more is read or parsed
+        # A refusal waiting for the requests before it to be answered: (status, path, message,
+        # code), answered once the connection is idle.
+        self._deferred: tuple[int, str, str, str] | None = None
+        self._eof = False  # the client half-closed (or closed) its side
+        self._liveness: asyncio.TimerHandle | None = None
+        self._liveness_checks = 0
 
     # -- timers ---------------------------------------------------------------------------------
 
@@ -172,7 +194,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def _header_timeout(self) -> None:
         self._read_timer = self._timer_kind = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._refused:
             return
         if self._request_bytes:
             self._refuse(408, *_TIMEOUT)
@@ -180,14 +202,23 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse(self, status: int, message: str, code: str) -> None:
-        """Answer a request that never reached the app (its head too large, too slow or
-        unparsable), recorded through the app's hook, and close the connection."""
+        """Answer a request that never reached the app (its head too large, too slow,
+        unparsable or cut short), recorded through the app's hook, and close the connection.
+        Behind requests still being answered (pipelined), it waits for them: they are answered
+        first, then it (closing the connection under them lost complete requests)."""
         self._disarm()
+        self._refused = True
+        # The refused request's target, once its head began (else `url` is an earlier one's).
+        path = _path_of(self.url) if self._head_open else ""
         if not self._idle():
-            # A pipelined head while an earlier request is answered: no answer can go in between.
-            self.transport.close()
+            self._deferred = (status, path, message, code)
             return
-        path = _path_of(getattr(self, "url", b""))
+        self._answer_refusal(status, path, message, code)
+
+    def _answer_refusal(self, status: int, path: str, message: str, code: str) -> None:
+        self._deferred = None
+        if self.transport.is_closing():
+            return
         request_id = None
         record: RecordRefused | None = self.app_state.get(RECORD_KEY)
         if record is not None:
@@ -230,11 +261,45 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """An unparsable request: uvicorn answers it in plain text, unrecorded; here in the
-        API's shape, recorded. Also where a head found too large while parsing ends up."""
-        if self._head_too_large:
-            self._refuse_head()
+        API's shape, recorded. Also where a head (or trailers) found too large ends up.
+
+        In a body (a malformed chunk, trailers too large) the request's app is already running
+        (or queued behind a pipelined one): its next read raises the error (REFUSED_KEY), so it
+        answers in its API's shape with its request id and records the request once (closing
+        the connection recorded a 499 and answered nothing)."""
+        cycle = self.cycle
+        if self._refused:
+            return
+        if self._head_open or cycle is None:
+            if self._head_too_large:
+                self._refuse_head()
+            else:
+                self._refuse(400, msg, "invalid_http_request")
+            return
+        if self._trailers_too_large:
+            refusal = (
+                431,
+                f"The request's trailer fields are larger than {MAX_HEAD_BYTES} bytes.",
+                "request_header_fields_too_large",
+            )
         else:
-            self._refuse(400, msg, "invalid_http_request")
+            refusal = (
+                400,
+                "The request body is not valid HTTP/1.1 (malformed chunked encoding).",
+                "invalid_http_request",
+            )
+        self._disarm()
+        self._refused = True
+        self._reading_body = False
+        if cycle.response_complete or cycle.response_started:
+            # Answered already (without reading its body): nothing more can be said.
+            cycle.keep_alive = False
+            if cycle.response_complete and self._idle():
+                self.transport.close()
+            return
+        cycle.scope[REFUSED_KEY] = refusal  # type: ignore[literal-required]
+        cycle.keep_alive = False
+        cycle.message_event.set()
 
     def _refuse_head(self) -> None:
         self._refuse(
@@ -285,6 +350,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cycles = {id(c): c for c in (self._running, self.cycle) if c is not None}
         super().connection_lost(exc)
         self._disarm()
+        self._stop_liveness()
+        self._deferred = None
         for cycle in cycles.values():
             if not cycle.response_complete:
                 # The app's hook for a client gone while its request waits (gateway.http.server):
@@ -297,6 +364,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             unset()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # refused: the rest of the connection is not read (and never buffered)
         if not self._request_bytes and not self._reading_body and self._idle():
             # First bytes of a new request on a kept-alive connection: its head must follow soon.
             self._request_bytes = True
@@ -344,7 +413,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # not kept with the request's headers (200 MiB of trailers were), and bounded like a head.
         self._trailer_bytes += len(name) + len(value) + 4
         if self._trailer_bytes > MAX_HEAD_BYTES:
-            self._head_too_large = True
+            self._trailers_too_large = True
             raise ValueError("request trailers too large")
 
     def on_headers_complete(self) -> None:
@@ -374,3 +443,96 @@ class GatewayHttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         self._idle_since = self.loop.time()
         super().on_response_complete()
+        if self._idle():
+            self._stop_liveness()
+            deferred = self._deferred
+            if deferred is not None:
+                self._unset_keepalive_if_required()
+                self._answer_refusal(*deferred)
+            elif self._eof and not self.transport.is_closing():
+                self.transport.close()
+        elif self._eof:
+            # The next pipelined request of a half-closed connection: watched in its turn.
+            self._stop_liveness()
+            self._liveness_checks = 0
+            self._check_liveness(probe=True)
+
+    # -- a client that half-closes --------------------------------------------------------------
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]
+        """The client shut its sending side. A complete request still gets its answer (a client
+        may half-close after its request, as `nc -N` and some proxies do); an incomplete one
+        cannot complete: a partial head is answered 400 (recorded), a partial body is the
+        client gone (the app reads a disconnect: 499), and an idle connection closes.
+
+        A client that closed its socket altogether sends the same end of file. While the
+        answer has not begun, an interim `100 Continue` (which HTTP/1.1 clients skip) goes
+        out: a socket closed altogether answers it with a reset, seen in the TCP state, and
+        the request is then cancelled as a client gone (499), as before."""
+        if self._eof:
+            return True if not self.transport.is_closing() else None
+        self._eof = True
+        if self._refused:
+            return None if self._idle() else True  # what was refused is still answered
+        if self._reading_body:
+            return None  # cut short: the app reads a disconnect
+        if self._head_open:
+            self._refuse(
+                400,
+                "The connection ended before the request head was complete.",
+                "incomplete_request",
+            )
+            return True if self._deferred is not None else None
+        if self._idle():
+            return None
+        if _tcp_state(self.transport) is None:
+            return None  # no way to tell a half-close from a client gone: treated as gone
+        self.cycle.keep_alive = False  # the last request read: the connection closes after it
+        self._check_liveness(probe=True)
+        return True
+
+    def _check_liveness(self, probe: bool = False) -> None:
+        """After a half-close: a reset client is gone (abort: connection_lost records the 499);
+        one still there gets an interim response now and then (a reset answers it if it left)."""
+        self._liveness = None
+        if self.transport.is_closing() or self._idle():
+            return
+        running = self._running
+        if running is None or running.response_started:
+            return  # an answer is being written: a client gone fails its writes
+        if running.scope.get("http_version") == "1.0":
+            return  # no interim response to an HTTP/1.0 client: a client gone is seen when answered
+        if not probe:
+            if _tcp_state(self.transport) == _TCP_CLOSE:
+                self.transport.abort()
+                return
+            probe = self._liveness_checks >= len(_LIVENESS_DELAYS)  # on the slow cadence
+        if probe:
+            self.transport.write(_PROBE)
+        self._liveness_checks += 1
+        delay = _LIVENESS_DELAYS[min(self._liveness_checks, len(_LIVENESS_DELAYS)) - 1]
+        self._liveness = self.loop.call_later(delay, self._check_liveness)
+
+    def _stop_liveness(self) -> None:
+        if self._liveness is not None:
+            self._liveness.cancel()
+            self._liveness = None
+
+
+_TCP_CLOSE = 7  # Linux's TCP_CLOSE: the connection was reset
+_PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# When a half-closed connection's TCP state is looked at again (seconds): soon after the probe
+# (a reset comes back within a round trip), then every second while the answer is awaited.
+_LIVENESS_DELAYS = (0.01, 0.05, 0.25, 1.0)
+
+
+def _tcp_state(transport: asyncio.BaseTransport) -> int | None:
+    """The connection's TCP state (Linux's TCP_INFO), or None where it cannot be read."""
+    sock = transport.get_extra_info("socket")
+    tcp_info = getattr(socket, "TCP_INFO", None)
+    if sock is None or tcp_info is None:
+        return None
+    try:
+        return int(sock.getsockopt(socket.IPPROTO_TCP, tcp_info, 8)[0])
+    except (OSError, TypeError, ValueError, IndexError):
+        return None

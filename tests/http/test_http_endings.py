@@ -1,0 +1,317 @@
+"""How a connection's requests end at the HTTP level, over real loopback sockets: a body the
+parser refuses (a malformed chunk, trailers too large) is answered in the API's shape, a bad
+request pipelined behind good ones does not lose them, and a client that half-closes after a
+complete request still gets its answer. Each request is recorded once (one access-log line,
+one metrics observation), with the status sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from loadtests.simulator.testing import Fleet
+from tests.hostile import HostileUpstream
+from tests.support import AccessLines, GatewayServer
+
+FLEET: list[Any] = ["a"]
+BODY = orjson.dumps(
+    {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+)
+AUTH = b"Authorization: Bearer key-a\r\n"
+PORT: list[int] = [0]  # the port `exchange` talks to: this test's gateway
+
+
+@pytest.fixture(scope="module")
+def gw(fleet: Fleet) -> Iterator[GatewayServer]:
+    policy = f"""
+providers:
+  a: {{base_url: '{fleet.url("a")}', models: {{'*': sim-a}}, simulated: true}}
+pools:
+  main: {{members: [a]}}
+models:
+  chat: {{pool: main}}
+"""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GATEWAY_API_KEYS", "team-a:key-a")
+        with GatewayServer(policy) as server:
+            yield server
+
+
+@pytest.fixture(autouse=True)
+def _port(request: pytest.FixtureRequest) -> None:
+    name = "slow_gw" if "slow_gw" in request.fixturenames else "gw"
+    PORT[0] = request.getfixturevalue(name).port
+
+
+def request(
+    path: bytes = b"/v1/chat/completions",
+    body: bytes = BODY,
+    extra: bytes = b"",
+    version: bytes = b"HTTP/1.1",
+) -> bytes:
+    return (
+        b"POST %s %s\r\nHost: x\r\nContent-Type: application/json\r\n%s%s"
+        b"Content-Length: %d\r\n\r\n%s" % (path, version, AUTH, extra, len(body), body)
+    )
+
+
+def chunked_head(path: bytes = b"/v1/chat/completions") -> bytes:
+    return (
+        b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
+        b"Transfer-Encoding: chunked\r\n\r\n" % (path, AUTH)
+    )
+
+
+def exchange(data: bytes, half_close: bool = False, within_s: float = 5.0) -> bytes:
+    """Send `data` (as far as the gateway reads it), optionally shut the sending side, then
+    read everything until the gateway closes."""
+    s = socket.create_connection(("127.0.0.1", PORT[0]), timeout=within_s)
+    try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(data)
+            if half_close:
+                s.shutdown(socket.SHUT_WR)
+        out = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                out += chunk
+        return out
+    finally:
+        s.close()
+
+
+def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """The final responses in `data`, in order (interim 1xx responses skipped)."""
+    out = []
+    while data:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        assert sep, data[:200]
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+        if 100 <= status < 200:
+            data = rest
+            continue
+        n = int(headers["content-length"])
+        out.append((status, headers, rest[:n]))
+        data = rest[n:]
+    return out
+
+
+def recorded_once(gw: GatewayServer, log: AccessLines, request_id: str, status: int) -> None:
+    log.wait_for(request_id, status=status)
+    time.sleep(0.1)  # a second line or observation would come now
+    assert [x["request_id"] for x in log.lines].count(request_id) == 1
+    assert [c.status for c in gw.seen if c.request_id == request_id] == [status]
+
+
+def one_error(
+    gw: GatewayServer, log: AccessLines, data: bytes, status: int, anthropic: bool = False
+) -> dict[str, Any]:
+    n = len(gw.seen)
+    answers = responses(exchange(data))
+    assert [a[0] for a in answers] == [status], answers
+    _, headers, body = answers[0]
+    assert headers["connection"] == "close"
+    doc = orjson.loads(body)
+    if anthropic:
+        assert doc["type"] == "error" and isinstance(doc["error"]["message"], str), doc
+    else:
+        assert set(doc) == {"error"} and isinstance(doc["error"]["message"], str), doc
+    recorded_once(gw, log, headers["x-request-id"], status)
+    assert len(gw.seen) == n + 1
+    return doc["error"]
+
+
+# -- a body the parser refuses --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [b"/v1/chat/completions", b"/v1/messages", b"/v1/responses"])
+def test_trailers_beyond_the_head_limit_get_431_in_the_apis_shape(
+    gw: GatewayServer, access_log: AccessLines, path: bytes
+) -> None:
+    """Trailer fields larger than a head may be are refused with a 431 (they were a 499 with
+    nothing answered: the connection was closed under the running request)."""
+    chunked = b"%x\r\n%s\r\n0\r\n" % (len(BODY), BODY)
+    trailers = (b"X-T: " + b"A" * 8000 + b"\r\n") * 100 + b"\r\n"
+    err = one_error(
+        gw, access_log, chunked_head(path) + chunked + trailers, 431, path == b"/v1/messages"
+    )
+    assert "trailer" in err["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"zz\r\nabc\r\n0\r\n\r\n",  # a chunk size that is not hexadecimal
+        b'5\r\n{"mod\r\nzz\r\n',  # a good chunk, then a bad one
+        b'5\r\n{"modXXXX\r\n0\r\n\r\n',  # a chunk longer than its size
+        b"%x\r\n%s\r\n0\r\nno colon here\r\n\r\n" % (len(BODY), BODY),  # a malformed trailer
+    ],
+)
+@pytest.mark.parametrize("path", [b"/v1/chat/completions", b"/v1/messages"])
+def test_a_malformed_chunked_body_is_a_400_in_the_apis_shape(
+    gw: GatewayServer, access_log: AccessLines, body: bytes, path: bytes
+) -> None:
+    """It was a 499 with no answer at all."""
+    err = one_error(gw, access_log, chunked_head(path) + body, 400, path == b"/v1/messages")
+    assert "chunked" in err["message"]
+
+
+def test_a_good_chunked_body_with_small_trailers_is_still_served(gw: GatewayServer) -> None:
+    data = chunked_head() + b"%x\r\n%s\r\n0\r\nX-T: 1\r\n\r\n" % (len(BODY), BODY)
+    answers = responses(exchange(data, half_close=True))
+    assert [a[0] for a in answers] == [200]
+
+
+# -- a bad request pipelined behind good ones -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("bad", "status"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", 400),  # an unparsable head
+        (chunked_head() + b"zz\r\n", 400),  # a malformed body
+        (b"POST /v1/chat/completions HTTP/1.1\r\nX-Big: " + b"a" * 200_000, 431),  # a huge head
+    ],
+)
+def test_a_bad_pipelined_request_does_not_lose_the_ones_before_it(
+    gw: GatewayServer, access_log: AccessLines, bad: bytes, status: int
+) -> None:
+    """The good requests are answered in order, then the bad one; each recorded once (the
+    connection was closed at once: the good requests were lost, recorded as 499)."""
+    n = len(gw.seen)
+    ids = [f"piped-{time.monotonic_ns()}-{i}".encode() for i in range(2)]
+    good = b"".join(request(extra=b"x-request-id: %s\r\n" % i) for i in ids)
+    answers = responses(exchange(good + bad))
+    assert [a[0] for a in answers] == [200, 200, status], answers
+    assert [a[1]["x-request-id"].encode() for a in answers[:2]] == ids
+    for i in ids:
+        recorded_once(gw, access_log, i.decode(), 200)
+    recorded_once(gw, access_log, answers[2][1]["x-request-id"], status)
+    assert len(gw.seen) == n + 3
+
+
+# -- a client that half-closes --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [b"", b"Connection: close\r\n", b"Expect: 100-continue\r\n"],
+    ids=["keep", "close", "expect"],
+)
+def test_a_client_that_half_closes_after_its_request_gets_the_answer(
+    gw: GatewayServer, access_log: AccessLines, extra: bytes
+) -> None:
+    """shutdown(SHUT_WR) after a whole request: it was a 499 with nothing answered."""
+    request_id = f"half-{time.monotonic_ns()}"
+    data = request(extra=extra + b"x-request-id: %s\r\n" % request_id.encode())
+    answers = responses(exchange(data, half_close=True))
+    assert [a[0] for a in answers] == [200], answers
+    assert orjson.loads(answers[0][2])["object"] == "chat.completion"
+    recorded_once(gw, access_log, request_id, 200)
+
+
+@pytest.mark.parametrize("path", [b"/v1/chat/completions", b"/v1/messages"])
+def test_pipelined_requests_then_a_half_close_are_all_answered(
+    gw: GatewayServer, access_log: AccessLines, path: bytes
+) -> None:
+    body = BODY if path != b"/v1/messages" else BODY.replace(b'"max_tokens":2', b'"max_tokens":3')
+    ids = [f"half-piped-{time.monotonic_ns()}-{i}" for i in range(3)]
+    data = b"".join(request(path, body, b"x-request-id: %s\r\n" % i.encode()) for i in ids)
+    answers = responses(exchange(data, half_close=True))
+    assert [a[0] for a in answers] == [200, 200, 200], answers
+    assert [a[1]["x-request-id"] for a in answers] == ids
+    for i in ids:
+        recorded_once(gw, access_log, i, 200)
+
+
+def test_an_http_1_0_request_then_a_half_close_is_answered(gw: GatewayServer) -> None:
+    out = exchange(request(version=b"HTTP/1.0"), half_close=True)
+    assert b"100 Continue" not in out  # no interim response to an HTTP/1.0 client
+    assert [a[0] for a in responses(out)] == [200]
+
+
+def test_a_half_close_inside_a_head_is_a_400_and_inside_a_body_a_499(
+    gw: GatewayServer, access_log: AccessLines
+) -> None:
+    n = len(gw.seen)
+    partial = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    answers = responses(exchange(partial, half_close=True))
+    assert [a[0] for a in answers] == [400]
+    recorded_once(gw, access_log, answers[0][1]["x-request-id"], 400)
+    request_id = f"half-body-{time.monotonic_ns()}"
+    data = request(extra=b"x-request-id: %s\r\n" % request_id.encode())[:-5]
+    assert exchange(data, half_close=True) == b""  # cannot complete: nobody to answer
+    recorded_once(gw, access_log, request_id, 499)
+    assert len(gw.seen) == n + 2
+    # An idle connection that half-closes is just closed (empty lines are no request).
+    assert exchange(b"", half_close=True) == b""
+    assert exchange(b"\r\n", half_close=True) == b""
+    time.sleep(0.1)
+    assert len(gw.seen) == n + 2
+
+
+@pytest.fixture(scope="module")
+def slow_gw() -> Iterator[GatewayServer]:
+    with HostileUpstream() as upstream:
+        policy = f"""
+providers:
+  s: {{base_url: '{upstream.url("slow")}', max_inflight: 4}}
+pools:
+  p: {{members: [s], max_attempts: 1}}
+models:
+  m: {{pool: p}}
+"""
+        with GatewayServer(policy) as g:
+            yield g
+
+
+def _slow_request(request_id: str) -> bytes:
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s"
+        b"x-request-id: %s\r\nContent-Length: %d\r\n\r\n%s"
+        % (AUTH, request_id.encode(), len(body), body)
+    )
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["at-once", "after-half-close"])
+def test_a_client_that_closes_altogether_while_waiting_is_still_a_499_at_once(
+    slow_gw: GatewayServer, access_log: AccessLines, later: bool
+) -> None:
+    """A closed socket sends the same end of file as a half-close: the gateway tells them
+    apart (a closed socket resets the interim response) and cancels the request, whether the
+    client closed at once or half-closed first and left later."""
+    request_id = f"closed-{int(later)}-{time.monotonic_ns()}"
+    s = socket.create_connection(("127.0.0.1", slow_gw.port), timeout=5)
+    s.sendall(_slow_request(request_id))
+    time.sleep(0.2)
+    start = time.monotonic()
+    if later:
+        s.shutdown(socket.SHUT_WR)
+        time.sleep(0.5)
+    s.close()
+    line = access_log.wait_for(request_id, within_s=2.8)
+    assert line["status"] == 499
+    assert time.monotonic() - start < 2.8  # the slow upstream answers after 3 s
+    time.sleep(0.1)
+    assert [x["request_id"] for x in access_log.lines].count(request_id) == 1
+
+
+def test_a_half_closed_client_waiting_for_a_slow_answer_gets_it(
+    slow_gw: GatewayServer, access_log: AccessLines
+) -> None:
+    request_id = f"half-slow-{time.monotonic_ns()}"
+    out = exchange(_slow_request(request_id), half_close=True, within_s=10)
+    assert out.count(b"HTTP/1.1 100 Continue") >= 2  # it was looked after while it waited
+    answers = responses(out)
+    assert [a[0] for a in answers] == [200], answers
+    recorded_once(slow_gw, access_log, request_id, 200)
