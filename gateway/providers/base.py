@@ -109,6 +109,10 @@ class Adapter(OpenAIWire):
             resp.body = self.response(endpoint, resp.body, model)
         except InvalidAnswer as e:
             raise UpstreamFailure("bad_response", str(e)) from None
+        except _MAPPING_ERRORS as e:
+            # JSON of the right outer shape with a value of the wrong type inside (a list for a
+            # stop reason, a string for an object): the answer is broken, not the gateway.
+            raise UpstreamFailure("bad_response", _unreadable(e)) from None
         return resp
 
     async def open_stream(
@@ -131,6 +135,8 @@ class Adapter(OpenAIWire):
         if req.headers:
             headers = {**headers, **req.headers} if headers else req.headers
         translate = self.stream(endpoint, body, model)
+        if translate is not None:
+            translate = _guarded(translate)
         return await client.open_stream(req.path, req.body, headers, timeouts, translate)
 
     # -- mapping hooks (the default `send` and `open_stream`) --------------------------------
@@ -153,6 +159,27 @@ class Adapter(OpenAIWire):
         """A translator for one stream of this request (`body` is the OpenAI request); None
         when the provider's events are OpenAI chunks already."""
         raise NotImplementedError
+
+
+# What mapping code raises on a provider answer holding values of the wrong types.
+_MAPPING_ERRORS = (TypeError, AttributeError, KeyError, IndexError, ValueError, RecursionError)
+
+
+def _unreadable(e: BaseException) -> str:
+    return f"the answer holds a value of the wrong type ({type(e).__name__})"
+
+
+def _guarded(translate: StreamTranslator) -> StreamTranslator:
+    """A stream translator whose mapping errors on a malformed event are a bad answer
+    (InvalidAnswer: retried before the first byte, an error event after), like the checks'."""
+
+    def guarded(raw: bytes) -> bytes:
+        try:
+            return translate(raw)
+        except _MAPPING_ERRORS as e:
+            raise InvalidAnswer(_unreadable(e)) from None
+
+    return guarded
 
 
 def _with_model(body: dict[str, Any], model: str) -> bytes:
