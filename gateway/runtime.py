@@ -101,6 +101,14 @@ def _member_settings(policy: Policy, provider: str) -> BalancerSettings:
     return BalancerSettings()
 
 
+def _retune(member: Member, settings: BalancerSettings) -> None:
+    """A remaining member's estimate keeps what it measured and follows the new parameters (a
+    reload changing `decay_s`, `penalty_ms` or `failure_decay_s` applied only to new members)."""
+    member.failure_decay_s = settings.failure_decay_s
+    member.ewma.penalty_s = settings.penalty_ms / 1000.0
+    member.ewma._tau = settings.decay_s  # the time constant; the estimate itself is kept
+
+
 class Runtime:
     """Owns the current snapshot and applies new policies."""
 
@@ -118,9 +126,11 @@ class Runtime:
         for name, cfg in policy.providers.items():
             old = self._providers.get(name)
             if old is not None:
-                # A member that remains keeps its latency estimate, in-flight count and breaker.
+                # A member that remains keeps its latency estimate, in-flight count and breaker,
+                # and takes the new version's settings for them.
                 old.member.weight = cfg.weight
                 old.member.max_inflight = self.shares.limit(cfg.max_inflight, name)
+                _retune(old.member, _member_settings(policy, name))
                 old.breaker.settings = cfg.breaker
                 if old.config != cfg:
                     retired.append(old.client)
