@@ -44,6 +44,11 @@ class RetryBudget:
         requests, _ = self._window.totals()
         return self.ratio * requests + self.min_retries_per_s * self.window_s
 
+    def has_room(self) -> bool:
+        """Would `try_spend` succeed now? Spends nothing."""
+        requests, retries = self._window.totals()
+        return retries + 1 <= self.ratio * requests + self.min_retries_per_s * self.window_s
+
     def try_spend(self) -> bool:
         """Reserve one retry if the budget has room; False means: do not retry."""
         requests, retries = self._window.totals()

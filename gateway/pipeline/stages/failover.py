@@ -326,10 +326,18 @@ class Failover:
         return last, int(ctx.hedged)
 
     def _hedge(self, candidates: Candidates, pool: str) -> ProviderState | None:
-        """A member for the hedge, if one is free now and the retry budget has a token."""
-        if not self.budget.try_spend():
+        """A member for the hedge, if one is free now and the retry budget has a token.
+
+        The token is spent only when a hedge goes out: a slow request with no second member
+        free (a pool of one, the others open or full) must not drain the budget that the
+        process's real retries live on.
+        """
+        if not self.budget.has_room():
             return None
-        return candidates.hedge(pool)
+        member = candidates.hedge(pool)
+        if member is not None:
+            self.budget.try_spend()
+        return member
 
     async def _reap(
         self, snap: Snapshot, ctx: Context, running: dict[asyncio.Task[Any], Attempt]
