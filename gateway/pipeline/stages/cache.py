@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from starlette.responses import Response
 
 from gateway.cache.exact import Store, cacheable, exact_key
@@ -93,6 +94,27 @@ def cache_directives(cache_control: str | None, pragma: str | None = None) -> fr
     return frozenset(found)
 
 
+def storable(body: bytes) -> bool:
+    """Whether an answer may be stored: not when a content filter stopped one of its choices
+    (`finish_reason: content_filter`). A filter's verdict is the provider's policy of the moment
+    and often a false positive; stored, it would be the answer for the whole TTL, to every
+    tenant-mate asking the same (and, in the semantic cache, a similar) question. Answers cut
+    at max_tokens (`length`, part of the key) and tool calls (the tools are part of the key)
+    are what the same request gets again: they are stored."""
+    if b"content_filter" not in body:  # the usual answer: one byte scan, no parse
+        return True
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list):
+        return True
+    return not any(
+        isinstance(c, dict) and c.get("finish_reason") == "content_filter" for c in choices
+    )
+
+
 def uses_cache(policy: Policy, alias: Alias) -> bool:
     """Whether requests to `alias` (or to the longer-context aliases it reroutes to) may be
     cached: when not, the alias's stack leaves this stage out."""
@@ -142,6 +164,7 @@ class Cache:
     def __init__(self, exact: Store, semantic: SemanticLayer, flights: SingleFlight) -> None:
         self.exact, self.semantic, self.flights = exact, semantic, flights
         self.invalid_entries = 0  # cached entries found invalid (served as misses)
+        self.unstored = 0  # answers not stored (a content filter stopped them)
 
     async def __call__(self, call: Call, next: Next) -> Response:
         ctx, acc = call.ctx, call.acc
@@ -280,9 +303,15 @@ class Cache:
         return Response(b"".join(events), headers=ctx.headers(), media_type="text/event-stream")
 
     def _store(self, plan: CachePlan, body: bytes) -> asyncio.Task[bool] | None:
-        """Store the answer; returns the semantic store task of a refresh (to wait on)."""
+        """Store the answer; returns the semantic store task of a refresh (to wait on).
+
+        The identical requests waiting on this one get the answer whatever it is (they asked at
+        the same moment); an answer a content filter stopped is not stored (`storable`)."""
         if plan.leader:
             self.flights.resolve(plan.key, body)
+        if not storable(body):
+            self.unstored += 1
+            return None
         if plan.write:
             asyncio.get_running_loop().create_task(self.exact.set(plan.key, body, plan.ttl_s))
         if plan.semantic is not None:
