@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import re
 import secrets
@@ -28,7 +29,7 @@ import time
 from typing import Annotated, Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.governance.settings import Budget, Limits, Name
 from gateway.infra.hub import Subscription
@@ -43,10 +44,22 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # Unix times up to 9999-12-31 (datetime can show them); durations up to a century.
 MAX_TIME = 253_402_300_799.0
 MAX_DURATION_S = 100 * 365 * 86400.0
+MIN_DURATION_S = 0.001
 MAX_ALIASES = 1000
 MAX_RECORD_BYTES = 64 * 1024  # a record is ~1 KB: anything far larger was not written by us
 
-Time = Annotated[float, Field(ge=0, le=MAX_TIME, allow_inf_nan=False)]
+
+def _no_tiny_time(v: float) -> float:
+    # 0 is "never set" (a record's `updated`); a time between 0 and 1 (5e-324 among them) is a
+    # mistake, never 1970.
+    if 0 < v < 1:
+        raise ValueError("a Unix time in seconds is expected (0 or at least 1)")
+    return v
+
+
+Time = Annotated[
+    float, Field(ge=0, le=MAX_TIME, allow_inf_nan=False), AfterValidator(_no_tiny_time)
+]
 
 # Writes a record back unless Redis holds one that wins (see the module docstring):
 # KEYS: record, hash index entry, key index. ARGV: record JSON, id, revoked (1/0), hash-key
@@ -127,13 +140,61 @@ class KeyUpdate(BaseModel):
 
 class KeyCreate(KeyUpdate):
     tenant: Name  # type: ignore[assignment]
-    expires_in_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
+    expires_in_s: float | None = Field(
+        default=None, ge=MIN_DURATION_S, le=MAX_DURATION_S, allow_inf_nan=False
+    )
 
 
 def parse_admin(model: type[M], body: bytes) -> M:
     """An admin request body: strict JSON types (no "10" for 10, no `true` for 1), bounded
-    numbers, no Infinity or NaN; raises ValidationError."""
+    numbers, no Infinity or NaN, no member given twice (JSON parsers keep one or the other:
+    which value an operator meant is unknown); raises ValidationError."""
+    path = duplicate_member(body)
+    if path is not None:
+        raise ValidationError.from_exception_data(
+            model.__name__,
+            [
+                {
+                    "type": "value_error",
+                    "loc": tuple(path),
+                    "input": path[-1],
+                    "ctx": {"error": ValueError(f"'{path[-1][:64]}' is given more than once")},
+                }
+            ],
+        )
     return model.model_validate_json(body, strict=True)
+
+
+class _Members(list[tuple[str, Any]]):
+    """A JSON object's members in order, duplicates kept."""
+
+
+def duplicate_member(body: bytes | str) -> list[str] | None:
+    """The path of the first member given twice in one JSON object of `body`, else None (also
+    when `body` is not JSON: its validation says so)."""
+    try:
+        doc = json.loads(body, object_pairs_hook=_Members)
+        return _duplicate(doc, [])
+    except (ValueError, RecursionError):
+        return None
+
+
+def _duplicate(node: Any, path: list[str]) -> list[str] | None:
+    if isinstance(node, _Members):
+        seen: set[str] = set()
+        for k, v in node:
+            if k in seen:
+                return [*path, k]
+            seen.add(k)
+            found = _duplicate(v, [*path, k])
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found = _duplicate(v, [*path, str(i)])
+            if found is not None:
+                return found
+    return None
 
 
 class KeyStore:

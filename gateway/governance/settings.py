@@ -20,6 +20,10 @@ MAX_PER_MINUTE = 10**9
 MAX_TOKENS_PER_MINUTE = 10**12
 MAX_CONCURRENT = 10**6
 MAX_USD = 10.0**9
+# Lower bounds of the same numbers: a budget under a millionth of a dollar, a share or a fraction
+# under these (a subnormal such as 5e-324 among them) is a mistake, never a setting.
+MIN_USD = 1e-6
+MIN_FRACTION = 0.001
 
 
 class _Strict(BaseModel):
@@ -70,14 +74,14 @@ class Limits(_Strict):
 class Budget(_Strict):
     """USD per calendar period (UTC), from the providers' prices and the real usage."""
 
-    daily_usd: float | None = Field(default=None, gt=0, le=MAX_USD)
+    daily_usd: float | None = Field(default=None, ge=MIN_USD, le=MAX_USD)
     weekly_usd: float | None = Field(
-        default=None, gt=0, le=MAX_USD, description="ISO week, Monday to Sunday."
+        default=None, ge=MIN_USD, le=MAX_USD, description="ISO week, Monday to Sunday."
     )
-    monthly_usd: float | None = Field(default=None, gt=0, le=MAX_USD)
+    monthly_usd: float | None = Field(default=None, ge=MIN_USD, le=MAX_USD)
     soft_fraction: float = Field(
         default=0.8,
-        gt=0,
+        ge=MIN_FRACTION,
         le=1,
         description="Soft limit = this share of each hard limit: header, metric, log line and "
         "(for tenants with soft_budget_pool) cheaper routing.",
@@ -118,7 +122,7 @@ class TenantPolicy(_Strict):
     )
     max_pool_share: float | None = Field(
         default=None,
-        gt=0,
+        ge=MIN_FRACTION,
         le=1,
         description="At most this share of a pool's max_inflight while other tenants' requests "
         "wait for that pool (fair queueing); the whole pool when nobody else waits.",
@@ -135,20 +139,20 @@ class Sync(_Strict):
 
     lease_fraction: float = Field(
         default=0.05,
-        gt=0,
+        ge=1e-9,
         le=0.5,
         description="A process takes this share of what is left in a shared bucket per Redis "
         "round trip: far from the limit most requests need no Redis call, near it each does.",
     )
     key_refresh_s: float = Field(
         default=30.0,
-        gt=0,
+        ge=0.1,
         le=86400,
         description="Full resync of managed keys while the pub/sub channel is live.",
     )
     spend_flush_s: float = Field(
         default=0.25,
-        gt=0,
+        ge=0.01,
         le=10,
         description="Spend counters are written to Redis in batches this often.",
     )

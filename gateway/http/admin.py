@@ -7,6 +7,7 @@ for the key), without one to loopback clients only, like the API they call.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import time
@@ -19,6 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import GatewayError
+from gateway.governance.keys import duplicate_member
+from gateway.governance.static_keys import bearer_key
 from gateway.policy.schema import ENV_REF
 from gateway.redact import redacted_dump
 from gateway.resilience.breaker import BreakerState
@@ -47,13 +50,19 @@ def is_admin(request: Request) -> bool:
 
 
 def require_admin(request: Request) -> None:
-    key = os.environ.get("GATEWAY_ADMIN_KEY")
+    key = os.environ.get("GATEWAY_ADMIN_KEY", "").strip()
     if key:
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        # The scheme in any case, spaces around the key, as for API keys; compared as digests,
+        # so neither the key's content nor its length shows in the time taken.
+        given = bearer_key(request.headers.get("authorization")) or ""
+        if not hmac.compare_digest(_digest(given), _digest(key)):
             raise GatewayError(401, "Admin API key required.", code="invalid_admin_key")
         return
     _require_loopback(request)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
 
 
 def _require_loopback(request: Request) -> None:
@@ -68,7 +77,7 @@ def _require_loopback(request: Request) -> None:
 
 def require_dashboard(request: Request) -> None:
     """The page itself holds no data: public with an admin key (it asks for it), else loopback."""
-    if not os.environ.get("GATEWAY_ADMIN_KEY"):
+    if not os.environ.get("GATEWAY_ADMIN_KEY", "").strip():
         _require_loopback(request)
 
 
@@ -209,8 +218,11 @@ def _member(runtime: Runtime, name: str) -> ProviderState:
 
 
 async def _breaker_state(request: Request) -> BreakerState:
+    raw = await request.body()
     try:
-        body: Any = orjson.loads(await request.body())
+        if duplicate_member(raw) is not None:
+            raise ValueError("a member given twice")  # which one was meant is unknown
+        body: Any = orjson.loads(raw)
         return BreakerState(body["state"])
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         raise GatewayError(
