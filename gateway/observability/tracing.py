@@ -16,6 +16,11 @@ and parented explicitly, so streams that end in another task still close under t
     │   └── gateway.attempt (CLIENT, one per upstream attempt; its id goes upstream as
     │                        `traceparent`)
     └── gateway.fallback
+
+The client's `traceparent` and `tracestate` are checked here before OpenTelemetry sees them
+(`client_trace_headers`): an invalid one is ignored silently (OpenTelemetry logged each refused
+value whole, control characters included, once per request), and a `tracestate` beyond 512
+characters or 32 members is not carried on to providers.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, cast
@@ -47,6 +53,46 @@ _NOOP: AbstractContextManager[None] = contextlib.nullcontext()
 _SCOPE = "gateway"
 
 
+# W3C trace context, as the client may send it: version 00 exactly; a later version may carry
+# more fields after its four (printable ASCII); ff and all-zero ids are invalid.
+_TRACEPARENT = re.compile(
+    r"(?!ff)([0-9a-f]{2})-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}(-[\x21-\x7e]*)?"
+)
+_TRACESTATE_KEY = r"[a-z][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13}"
+_TRACESTATE_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+_TRACESTATE_MEMBER = re.compile(f"({_TRACESTATE_KEY})=(?:{_TRACESTATE_VALUE})")
+MAX_TRACEPARENT = 512
+MAX_TRACESTATE = 512  # what W3C asks every participant to carry on
+MAX_TRACESTATE_MEMBERS = 32
+
+
+def client_trace_headers(headers: Mapping[str, str]) -> dict[str, str] | None:
+    """The client's trace context when valid: `traceparent`, and `tracestate` when it is valid
+    too and within bounds (else dropped alone); None when there is no valid `traceparent`."""
+    parent = headers.get("traceparent")
+    if parent is None or len(parent) > MAX_TRACEPARENT:
+        return None
+    parent = parent.strip(" \t")
+    m = _TRACEPARENT.fullmatch(parent)
+    if m is None or (m.group(1) == "00" and m.group(2)):
+        return None
+    carrier = {"traceparent": parent}
+    state = headers.get("tracestate")
+    if state is not None and len(state) <= MAX_TRACESTATE:
+        members = [x.strip(" \t") for x in state.split(",")]
+        members = [x for x in members if x]
+        keys = set()
+        for member in members:
+            found = _TRACESTATE_MEMBER.fullmatch(member)
+            if found is None or found.group(1) in keys:
+                break
+            keys.add(found.group(1))
+        else:
+            if 0 < len(members) <= MAX_TRACESTATE_MEMBERS:
+                carrier["tracestate"] = ",".join(members)
+    return carrier
+
+
 class RequestTrace:
     """The spans of one request. Created only when tracing is on."""
 
@@ -54,7 +100,8 @@ class RequestTrace:
 
     def __init__(self, tracer: Tracer, client_headers: Mapping[str, str], path: str) -> None:
         self._tracer = tracer
-        incoming = _PROPAGATOR.extract(client_headers) if "traceparent" in client_headers else None
+        carrier = client_trace_headers(client_headers)
+        incoming = None if carrier is None else _PROPAGATOR.extract(carrier)
         self.root = tracer.start_span(
             "gateway.request",
             context=incoming,
