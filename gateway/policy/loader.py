@@ -25,7 +25,7 @@ from gateway.policy.crosscheck import (
 )
 from gateway.policy.rules import check_rules
 from gateway.policy.schema import ENV_REF, GATEWAY_ENV_PREFIX, SKIP_REFERENCES, Policy
-from gateway.policy.source import MAX_BYTES, SourceMap, YamlLimitError, load_yaml
+from gateway.policy.source import SourceMap, YamlLimitError, load_yaml, read_bounded
 
 # Variables a policy may never read: the gateway's own secrets.
 SECRET_VARIABLES = frozenset({"GATEWAY_ADMIN_KEY", "GATEWAY_API_KEYS"})
@@ -324,11 +324,13 @@ def parse_policy(
 
 
 def read_policy_text(path: str | Path) -> str:
+    """The text of a policy file, read with a bound (a device or a FIFO is refused, never read
+    without end or waited on)."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_BYTES:
-            raise PolicyError(str(p), [f"{p}: refused: the file is larger than {MAX_BYTES} bytes"])
-        return p.read_text(encoding="utf-8")
+        return read_bounded(p).decode("utf-8")
+    except YamlLimitError as e:
+        raise PolicyError(str(p), [f"{p}: refused: {e}"]) from None
     except (OSError, UnicodeDecodeError) as e:
         raise PolicyError(str(p), [f"{p}: {getattr(e, 'strerror', None) or e}"]) from None
 

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.policy.source import MAX_BYTES, SourceMap, YamlLimitError, load_yaml
+from gateway.policy.source import SourceMap, YamlLimitError, load_yaml, read_bounded
 
 if TYPE_CHECKING:
     from gateway.policy.schema import Policy
@@ -327,9 +327,7 @@ def _bracketed(dotted: str) -> str:
 def _read_yaml(path: Path) -> tuple[Any, SourceMap]:
     try:
         # Bounded size, depth and alias expansion, like policy files (a YAML bomb is refused).
-        if path.stat().st_size > MAX_BYTES:
-            raise YamlLimitError(f"the file is larger than {MAX_BYTES} bytes")
-        data = path.read_bytes()
+        data = read_bounded(path)  # a device or a FIFO is refused, never read without end
         return load_yaml(data.decode("utf-8"))
     except OSError as exc:
         raise RuleFileError(str(path), "", f"cannot read: {exc.strerror or exc}") from None

@@ -12,7 +12,10 @@ silently: a second `sim-a:` block would replace the first).
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -71,6 +74,26 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+class NotAFileError(OSError):
+    """The path names something other than a regular file (a FIFO, a device, a folder)."""
+
+
+def read_bounded(path: str | Path) -> bytes:
+    """The bytes of a regular file, at most MAX_BYTES (else YamlLimitError). The size is that of
+    what is read, not of a stat beforehand: a device (/dev/zero) or a file growing while read is
+    bounded too, and a FIFO is refused without waiting for a writer. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            what = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise NotAFileError(0, f"{what}")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise YamlLimitError(f"the file is larger than {MAX_BYTES} bytes")
+    return data
 
 
 def load_yaml(text: str) -> tuple[Any, SourceMap]:
