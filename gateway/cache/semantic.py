@@ -367,6 +367,16 @@ class SemanticCache:
             task.add_done_callback(self._writes.discard)
         return True
 
+    async def discard(self, entry_id: str) -> bool:
+        """Remove an entry (from the index, and from Redis); never raises."""
+        try:
+            removed: bool = await self.worker.call(lambda: self.index.remove(entry_id))
+        except Exception:
+            removed = False
+        if self.store_backend is not None:
+            await self.store_backend.delete(entry_id)
+        return removed
+
     def _refuse(self, reason: str) -> bool:
         self.refused[reason] = self.refused.get(reason, 0) + 1
         return False

@@ -33,6 +33,8 @@ class SemanticPlan:
     vector: Any = None
     refresh: bool = False
     pending: Any = None
+    hit_id: str | None = None
+    """The entry the lookup served (to drop it when it is not a valid answer)."""
     """The lookup still running after the budget ran out (its vector serves the store)."""
     """Cache-Control: no-cache: the answer replaces the entry, its store applies back-pressure."""
 
@@ -146,6 +148,7 @@ class SemanticLayer:
         plan.vector = found.vector
         if found.outcome == "hit" and found.hit is not None:
             self.hits += 1
+            plan.hit_id = found.hit.entry_id
             return found.hit.response, found.hit.similarity
         if found.outcome == "rejected":
             reason = found.reason or "unknown"
@@ -153,6 +156,18 @@ class SemanticLayer:
         else:
             self.misses += 1
         return None
+
+    def invalid_hit(self, plan: SemanticPlan) -> None:
+        """The entry a lookup found is not a valid answer (Redis is written by other
+        processes): counted as a lookup rejected for `invalid_entry` instead of a hit, and
+        removed from the index and from Redis in the background."""
+        self.hits -= 1
+        self.rejected["invalid_entry"] = self.rejected.get("invalid_entry", 0) + 1
+        if self.cache is not None and plan.hit_id is not None:
+            task = asyncio.get_running_loop().create_task(self.cache.discard(plan.hit_id))
+            self._stores.add(task)
+            task.add_done_callback(self._stores.discard)
+        plan.hit_id = None
 
     def store(self, plan: SemanticPlan, body: bytes) -> asyncio.Task[bool] | None:
         """Store in the background; the task is returned so a refresh can wait for it.

@@ -190,6 +190,19 @@ class RedisSemanticStore:
         self._ok()
         return True
 
+    async def delete(self, entry_id: str) -> bool:
+        """Remove one entry from Redis (the other replicas keep theirs until it is found
+        invalid there too, or expires); False when Redis is unavailable."""
+        if not self.available():
+            return False
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._redis.delete(self.prefix + entry_id)
+        except Exception as exc:
+            self._failed("delete", exc)
+            return False
+        return True
+
     # -- rebuild -----------------------------------------------------------------------------
     async def scan(self, batch: int = 1000) -> AsyncIterator[list[Entry]]:
         """All stored entries of this model, in chunks; stops quietly on a Redis error."""

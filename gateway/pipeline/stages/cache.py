@@ -174,7 +174,7 @@ class Cache:
         with stage(ctx, "cache"):
             cached = await self._lookup(plan, ctx)
         if cached is not None:
-            hit = self._from_cache(cached, acc, ctx)
+            hit = self._from_cache(cached, acc, ctx, plan)
             if hit is not None:
                 return hit
         call.want_completion = True
@@ -278,13 +278,15 @@ class Cache:
                 if plan.leader:
                     self.flights.resolve(plan.key, found[0])
                     plan.leader = False
-                hit = self._from_cache(found[0], call.acc, ctx)
+                hit = self._from_cache(found[0], call.acc, ctx, plan)
                 if hit is not None:
                     return hit
                 ctx.cache = "miss"
         return await upstream
 
-    def _from_cache(self, body: bytes, acc: ParsedRequest, ctx: Context) -> Response | None:
+    def _from_cache(
+        self, body: bytes, acc: ParsedRequest, ctx: Context, plan: CachePlan | None = None
+    ) -> Response | None:
         """The cached answer for the client; None (a miss) for an entry that is not a valid
         answer of the endpoint: entries come back from Redis, which other processes write (or
         an older gateway that cached unchecked answers), so they are checked like an upstream's
@@ -294,6 +296,10 @@ class Cache:
         except InvalidAnswer as e:
             self.invalid_entries += 1
             log.warning("cached %s entry not served: %s", ctx.cache, e)
+            if ctx.cache == "hit-semantic" and plan is not None and plan.semantic is not None:
+                # Counted as a rejected lookup, not a hit, and dropped: it would be found
+                # again by every similar question.
+                self.semantic.invalid_hit(plan.semantic)
             ctx.cache = "miss"
             return None
         if not acc.stream:
