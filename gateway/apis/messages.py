@@ -463,6 +463,159 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 
 
 _TEXT_BLOCK = {"type": "text", "text": ""}
+_WS = frozenset(" \t\n\r")
+_LITERAL = frozenset("0123456789+-.eEtruefalsn")
+# Tool input checked as it streams up to this many characters; past it, relayed unchecked.
+_MAX_CHECKED_INPUT = 256 * 1024
+
+
+class _ObjectPrefix:
+    """Whether the text fed so far can begin a JSON object (`{"a": [1, "x`): a pushdown check
+    over the new characters only. Anthropic's SDKs parse a tool's `input_json_delta`s as they
+    arrive and raise on text that can begin no object, so only such a prefix is streamed."""
+
+    __slots__ = ("closed", "expect", "ok", "size", "stack", "_escape", "_string", "_word")
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []
+        # start | value (value0: or `]`) | key (key0: or `}`) | colon | next | end
+        self.expect = "start"
+        self.ok = True
+        self.closed = False  # the object is complete
+        self.size = 0
+        self._string = False
+        self._escape = 0  # 1 after a backslash; 2..5 inside \uXXXX
+        self._word = ""  # the literal (number, true, false, null) being read
+
+    def feed(self, text: str) -> int:
+        """How many characters of `text` continue the prefix (all of them while it holds)."""
+        for n, ch in enumerate(text):
+            self._char(ch)
+            if not self.ok:
+                self.size += n
+                return n
+        self.size += len(text)
+        return len(text)
+
+    def _char(self, ch: str) -> None:
+        if self._string:
+            if self._escape == 1:
+                if ch == "u":
+                    self._escape = 2
+                elif ch in '"\\/bfnrt':
+                    self._escape = 0
+                else:
+                    self.ok = False
+            elif self._escape:
+                if ch not in "0123456789abcdefABCDEF":
+                    self.ok = False
+                self._escape = 0 if self._escape == 5 else self._escape + 1
+            elif ch == "\\":
+                self._escape = 1
+            elif ch == '"':
+                self._string = False
+                self.expect = "colon" if self.expect == "key" else "next"
+            elif ch < " ":
+                self.ok = False
+            return
+        if self._word:
+            if ch in _LITERAL:
+                self._word += ch
+                self.ok = _literal_prefix(self._word)
+                return
+            if not _literal_whole(self._word):
+                self.ok = False
+                return
+            self._word, self.expect = "", "next"
+        if ch in _WS:
+            return
+        expect = self.expect
+        if expect == "start":
+            self.ok = ch == "{"
+            self.stack.append("}")
+            self.expect = "key0"
+        elif expect == "end":
+            self.ok = False
+        elif expect == "colon":
+            self.ok = ch == ":"
+            self.expect = "value"
+        elif expect == "key" or expect == "key0":
+            if ch == '"':
+                self._string = True
+                self.expect = "key"
+            elif ch == "}" and expect == "key0":
+                self._pop()  # an empty object
+            else:
+                self.ok = False
+        elif expect == "next":
+            if ch == ",":
+                self.expect = "key" if self.stack[-1] == "}" else "value"
+            elif ch == self.stack[-1]:
+                self._pop()
+            else:
+                self.ok = False
+        elif ch == '"':  # a value
+            self._string = True
+        elif ch in "{[":
+            self.stack.append("}" if ch == "{" else "]")
+            self.expect = "key0" if ch == "{" else "value0"
+        elif ch == "]" and expect == "value0":
+            self._pop()  # an empty array
+        elif ch in _LITERAL:
+            self._word = ch
+            self.ok = _literal_prefix(ch)
+        else:
+            self.ok = False
+
+    def _pop(self) -> None:
+        self.stack.pop()
+        self.expect = "next" if self.stack else "end"
+        self.closed = not self.stack
+
+
+class _ToolInput:
+    """One streamed tool call's arguments: relayed while they can begin a JSON object; text
+    that cannot (and never began one) is kept for the block's end."""
+
+    __slots__ = ("parts", "prefix", "sent")
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.prefix = _ObjectPrefix()
+        self.sent = False
+
+    def relay(self, args: str) -> str:
+        """What of `args` goes out now: all of it while the arguments can begin a JSON object;
+        after a valid start, the part that continues it (the rest cannot follow: dropped)."""
+        prefix = self.prefix
+        if self.sent and prefix.size >= _MAX_CHECKED_INPUT:
+            return args  # long past a valid start: relayed unchecked
+        if prefix.ok:
+            n = prefix.feed(args)
+            if n == len(args) or (n and (self.sent or prefix.closed)):
+                self.sent = True
+                return args[:n]
+        else:
+            prefix.size += len(args)
+        if not self.sent and prefix.size <= _MAX_CHECKED_INPUT:
+            self.parts.append(args)  # kept for the block's end
+        return ""
+
+
+def _literal_prefix(word: str) -> bool:
+    if word[0] in "tfn":
+        return any(w.startswith(word) for w in ("true", "false", "null"))
+    return word[0] in "-0123456789" and all(c in "0123456789+-.eE" for c in word)
+
+
+def _literal_whole(word: str) -> bool:
+    if word in ("true", "false", "null"):
+        return True
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return word[0] in "-0123456789"
 
 
 class MessageStream:
@@ -477,6 +630,8 @@ class MessageStream:
         self.block_kind = ""
         self.next_block = 0
         self.tools: dict[int, int] = {}  # chat tool_call index -> block index
+        # Per tool block: its arguments so far and whether they still begin a JSON object.
+        self._inputs: dict[int, _ToolInput] = {}
         self.stop_reason: str | None = None
         self.usage: dict[str, int] | None = None
         self._text_head: bytes | None = None  # the open text block's delta event, up to the text
@@ -502,9 +657,21 @@ class MessageStream:
             return []
         i, self.block = self.block, None
         self._text_head = None
-        return [
+        out = self._tool_end(i)
+        out.append(
             b'event: content_block_stop\ndata: {"type":"content_block_stop","index":%d}\n\n' % i
-        ]
+        )
+        return out
+
+    def _tool_end(self, i: int) -> list[bytes]:
+        """A tool block's input when its arguments were no JSON object (text, a list): sent
+        whole at its end as the unary answer has it (`_raw_arguments`), never streamed as
+        they came (an Anthropic SDK fails on them)."""
+        state = self._inputs.pop(i, None)
+        if state is None or state.sent or state.prefix.ok:
+            return []
+        args = orjson.dumps(_tool_input("".join(state.parts))).decode()
+        return [self._delta(i, {"type": "input_json_delta", "partial_json": args})]
 
     def _open(self, block: dict[str, Any]) -> list[bytes]:
         out = self._close()
@@ -596,9 +763,13 @@ class MessageStream:
             self.tools[idx] = self.block
         args = fn.get("arguments")
         if isinstance(args, str) and args:
-            out.append(
-                self._delta(self.tools[idx], {"type": "input_json_delta", "partial_json": args})
-            )
+            at = self.tools[idx]
+            state = self._inputs.get(at)
+            if state is None:
+                state = self._inputs[at] = _ToolInput()
+            args = state.relay(args)
+            if args:
+                out.append(self._delta(at, {"type": "input_json_delta", "partial_json": args}))
         return out
 
     def error(self, error: dict[str, Any]) -> list[bytes]:
