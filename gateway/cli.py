@@ -178,7 +178,7 @@ def _installed(choice: str, module: str) -> str:
 
 def _check(file: Path) -> PolicyReport:
     """The policy file's full report (rules files included, as on every reload), plus the gateway
-    keys of the environment (GATEWAY_API_KEYS)."""
+    keys of the environment (GATEWAY_API_KEYS) and the shared state's address (REDIS_URL)."""
     from gateway.governance.static_keys import KeyConfigError, KeyRing
 
     try:
@@ -190,6 +190,14 @@ def _check(file: Path) -> PolicyReport:
             KeyRing(report.policy.auth)
         except KeyConfigError as e:
             report.errors.append(str(e))
+            report.policy = None
+    redis_url = os.environ.get("REDIS_URL")
+    if redis_url:
+        from gateway.infra.redis_client import url_problem
+
+        problem = url_problem(redis_url)
+        if problem is not None:
+            report.errors.append(f"REDIS_URL: {problem}")
             report.policy = None
     return report
 

@@ -62,6 +62,53 @@ def _credentials(parts: SplitResult) -> dict[str, Any]:
     return out
 
 
+SINGLE_SCHEMES = ("redis", "rediss", "unix")
+
+
+def url_problem(url: str) -> str | None:
+    """What makes `url` (REDIS_URL) unusable, or None. Checked before the gateway listens, so a
+    typo is one clear line at start, not a traceback in every worker; the message never quotes
+    the URL's credentials."""
+    if any(ord(c) <= 32 or ord(c) == 127 for c in url):
+        return "holds a space or control character"
+    try:
+        parts = urlsplit(url)
+    except ValueError as e:
+        return str(e)
+    schemes = SINGLE_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES
+    if parts.scheme not in schemes:
+        return f"the scheme '{parts.scheme[:20]}' is not one of {', '.join(schemes)}"
+    if parts.scheme == "unix":
+        return None if parts.path else "a unix:// URL needs the socket's path"
+    try:
+        hosts = _hosts(parts, 26379 if kind_of(url) == "sentinel" else 6379)
+    except ValueError as e:
+        if "names no host" not in str(e):
+            return "a port is not a number"
+        if kind_of(url) != "single":
+            return str(e)
+        hosts = []  # redis:///0: the client's default, localhost
+    for host, port in hosts:
+        if not 0 < port < 65536:
+            return f"port {port} of '{host[:100]}' is not a port number (1-65535)"
+    if kind_of(url) == "single" and len(hosts) > 1:
+        return "names several hosts: use redis+cluster:// or redis+sentinel://"
+    path = [p for p in parts.path.split("/") if p]
+    if kind_of(url) == "sentinel":
+        if not path:
+            return "a redis+sentinel:// URL needs the service name: .../service[/db]"
+        path = path[1:]
+    if kind_of(url) == "cluster":
+        path = []  # a cluster has one database
+    if len(path) > 1 or (path and not path[0].isdigit()):
+        return f"the database '{'/'.join(path)[:40]}' is not a number"
+    try:
+        make_redis(url)  # query options (timeouts...) as the client reads them
+    except (ValueError, TypeError) as e:
+        return str(e)[:200]
+    return None
+
+
 def kind_of(url: str) -> str:
     """ "cluster", "sentinel" or "single"."""
     scheme = urlsplit(url).scheme
