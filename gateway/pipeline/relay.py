@@ -278,7 +278,7 @@ class StreamRelay:
         self.ctx.resumed = True
         try:
             return await self.f.open_stream(
-                self.snap, body, self.acc.model, "chat", self.candidates, self.ctx
+                self.snap, body, self.decision.alias_name, "chat", self.candidates, self.ctx
             )
         except (GatewayError, PassThrough):
             return None

@@ -122,6 +122,9 @@ class Failover:
         self.retrier(snap).record_request()
         rename = snap.answer_model(acc.model)
         endpoint = acc.endpoint
+        # The alias the request is routed as (a longer-context alias when the prompt did not
+        # fit the one asked for): its model id is the one each member is sent.
+        routed = decision.alias_name
 
         async def send(m: ProviderState) -> tuple[UpstreamResponse, dict[str, Any]]:
             # Headers per attempt: the trace context names this attempt's span.
@@ -129,7 +132,7 @@ class Failover:
                 m.client,
                 endpoint,
                 acc.body,
-                m.config.model_for(acc.model),
+                m.config.model_for(routed),
                 upstream_headers(ctx),
                 m.config.timeouts,
                 acc.max_tokens,
@@ -167,7 +170,7 @@ class Failover:
         self.retrier(snap).record_request()
         candidates = self.candidates(snap, decision, ctx)
         stream, attempt = await self.open_stream(
-            snap, acc.body, acc.model, acc.endpoint, candidates, ctx
+            snap, acc.body, decision.alias_name, acc.endpoint, candidates, ctx
         )
         headers = {**stream.headers, **ctx.headers()}
         headers.pop("content-type", None)
