@@ -11,7 +11,10 @@ What a provider produced is charged however the request ended: a stream cut afte
 relayed (the client went away, the upstream broke, after a resume or not) is costed and counted
 against tokens per minute from the provider's usage when it arrived, else from the prompt
 estimate and the content events relayed. Otherwise cutting streams would be free and would give
-back their whole token reservation.
+back their whole token reservation. So is a request whose client left while the provider was
+answering (a non-streamed answer, a stream before its first event): from the provider's usage when
+the answer had arrived, else the prompt estimate; a non-streamed answer that never arrived keeps
+its whole token reservation counted (what the provider produced is unknown).
 """
 
 from __future__ import annotations
@@ -388,7 +391,9 @@ class GovernanceService:
             self.concurrency.release(t.slots)
         prompt = completion = 0
         cost = 0
-        if billable(ctx):
+        counted: float | None = None  # tokens held against tokens per minute (None: the usage)
+        left = _left_while_answering(ctx)
+        if billable(ctx) or left:
             if ctx.stream:
                 if t.usage is not None:
                     prompt, completion = t.usage
@@ -398,12 +403,18 @@ class GovernanceService:
                 p, c = response_usage(ctx)
                 prompt = p if p is not None else ctx.prompt_tokens
                 completion = c or 0
+                if left and c is None:
+                    # The provider's answer never came: what it produced is unknown, so the
+                    # whole reservation stays counted (the prompt estimate is what is charged).
+                    counted = max(t.reserved_tokens, float(prompt))
             provider = self.runtime.snapshot.providers.get(ctx.provider) if self.runtime else None
             if provider is not None:
                 price = provider.config.price
                 cost = cost_nano(prompt, completion, price.input_per_1m, price.output_per_1m)
+        if counted is None:
+            counted = float(prompt + completion)
         for b in t.token_buckets:
-            self.limiter.give_back(b, t.reserved_tokens - (prompt + completion))
+            self.limiter.give_back(b, t.reserved_tokens - counted)
         ctx.cost_usd = cost / NANO
         p_ = t.principal
         usage = Usage(cost, 1, prompt, completion)
@@ -413,6 +424,19 @@ class GovernanceService:
         self.stats.spent(p_.tenant, p_.key_id, cost, prompt + completion)
         if t.near_budget and cost:
             self.ledger.flush_soon()
+
+
+def _left_while_answering(ctx: Context) -> bool:
+    """A client that left (499) while a provider was answering (a non-streamed answer, or a
+    stream before its first event): the provider did, and bills, the work, so it is charged like
+    an answer: from the provider's usage when it had arrived, else from the prompt estimate.
+    Not when every attempt had already failed (the client left during a retry's backoff)."""
+    return (
+        ctx.status == 499
+        and bool(ctx.provider)
+        and ctx.attempts > len(ctx.failures)
+        and not ctx.cache.startswith("hit")
+    )
 
 
 def _chain(snap: Snapshot, first: str) -> list[str]:
