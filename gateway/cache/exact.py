@@ -44,12 +44,21 @@ def cacheable(body: dict[str, Any], settings: ExactSettings) -> bool:
 
 
 def exact_key(
-    tenant: str, alias: str, endpoint: str, body: dict[str, Any], namespace: str = ""
+    tenant: str,
+    alias: str,
+    endpoint: str,
+    body: dict[str, Any],
+    namespace: str = "",
+    route: str = "",
 ) -> str:
+    """`route`: where the routing decision sends the request (`route_of`): the same body sent
+    to another pool (a class chosen by `x-gateway-priority`) is answered by another model."""
     fields = {k: v for k, v in body.items() if k not in IGNORED_FIELDS}
     canon = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
     h = hashlib.blake2b(canon, digest_size=20)
     h.update(b"\0" + f"{tenant}\0{alias}\0{endpoint}\0{namespace}".encode())
+    if route:  # left out when empty: keys of callers without a route are unchanged
+        h.update(b"\0" + route.encode())
     return h.hexdigest()
 
 

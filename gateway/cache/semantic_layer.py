@@ -96,11 +96,13 @@ class SemanticLayer:
         body: dict[str, Any],
         route: SemanticRoute,
         namespace: str = "",
+        routed: str = "",
     ) -> SemanticPlan | None:
         """What to look up, or None when this request is not semantically cacheable.
 
         `namespace` is the caller's `x-gateway-cache-namespace`: it keys the semantic cache like
-        tenant, alias, earlier turns and answer-changing parameters do.
+        tenant, alias, earlier turns and answer-changing parameters do; so does `routed`, the
+        routing decision's pools (`route_of`).
         """
         if self.cache is None or not route.enabled:
             return None
@@ -115,6 +117,8 @@ class SemanticLayer:
         params = {k: v for k, v in body.items() if k not in _NOT_PARAMS}
         if namespace:
             params["\x00namespace"] = namespace  # cannot collide with a request field
+        if routed:  # where the routing decision sends it (another pool: another model)
+            params["\x00route"] = routed
         return SemanticPlan(
             namespace_for(tenant, alias, messages, params), text, route.threshold, route.ttl_s
         )

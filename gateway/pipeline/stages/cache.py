@@ -30,6 +30,7 @@ from gateway.pipeline.call import Call
 from gateway.pipeline.reply import StreamReply, on_finish
 from gateway.pipeline.stage import Next
 from gateway.policy.schema import Alias, Policy
+from gateway.routing.decision import Decision
 from gateway.wire.answer_checks import InvalidAnswer, check_unary
 from gateway.wire.request import ParsedRequest
 
@@ -115,6 +116,15 @@ def storable(body: bytes) -> bool:
     )
 
 
+def route_of(decision: Decision) -> str:
+    """Where the routing decision sends a request: the alias that serves it (a longer-context
+    one for a long prompt) and its chain of pools (the request class picks the first, and an
+    `x-gateway-priority` header picks the class). Part of both caches' keys: the same body
+    routed to another pool is answered by another model, and a premium request was served the
+    default pool's cached answer."""
+    return f"{decision.alias_name}>{','.join(decision.chain)}"
+
+
 def uses_cache(policy: Policy, alias: Alias) -> bool:
     """Whether requests to `alias` (or to the longer-context aliases it reroutes to) may be
     cached: when not, the alias's stack leaves this stage out."""
@@ -168,7 +178,7 @@ class Cache:
 
     async def __call__(self, call: Call, next: Next) -> Response:
         ctx, acc = call.ctx, call.acc
-        plan = self.plan(acc, call.decision.alias, ctx, call.headers)
+        plan = self.plan(acc, call.decision.alias, ctx, call.headers, route_of(call.decision))
         if plan is None:
             return await next(call)
         with stage(ctx, "cache"):
@@ -205,7 +215,12 @@ class Cache:
         return response
 
     def plan(
-        self, acc: ParsedRequest, alias: Alias, ctx: Context, headers: Mapping[str, str]
+        self,
+        acc: ParsedRequest,
+        alias: Alias,
+        ctx: Context,
+        headers: Mapping[str, str],
+        route: str = "",
     ) -> CachePlan | None:
         namespace = cache_namespace(headers.get(NAMESPACE_HEADER))
         cc = cache_directives(headers.get("cache-control"), headers.get("pragma"))
@@ -216,7 +231,7 @@ class Cache:
         semantic = None
         if acc.endpoint == "chat":
             semantic = self.semantic.plan(
-                ctx.tenant, acc.model, acc.body, alias.cache.semantic, namespace
+                ctx.tenant, acc.model, acc.body, alias.cache.semantic, namespace, route
             )
         if not use_exact and semantic is None:
             return None
@@ -225,7 +240,7 @@ class Cache:
         if ttl_header and semantic is not None:
             limit = semantic.ttl_s if semantic.ttl_s is not None else self.semantic.settings.ttl_s
             semantic.ttl_s = clamp_ttl(ttl_header, int(limit))
-        key = exact_key(ctx.tenant, acc.model, acc.endpoint, acc.body, namespace)
+        key = exact_key(ctx.tenant, acc.model, acc.endpoint, acc.body, namespace, route)
         ctx.cache = "miss"
         if semantic is not None and "no-cache" in cc:
             semantic.refresh = True
