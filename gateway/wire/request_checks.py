@@ -419,8 +419,9 @@ def check_messages(messages: Any) -> None:
         if (
             type(m) is dict
             and len(m) == 2
-            and m.get("role") in _PLAIN_ROLES
             and type(m.get("content")) is str
+            and type(role := m.get("role")) is str  # hashed next: a list or object is not
+            and role in _PLAIN_ROLES
         ):
             continue
         _check_message(i, m)
