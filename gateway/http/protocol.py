@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.apis.messages import anthropic_error, owns_path
@@ -174,6 +175,9 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._eof = False  # the client half-closed (or closed) its side
         self._liveness: asyncio.TimerHandle | None = None
         self._liveness_checks = 0
+        # The head of a request that asked for a protocol upgrade, rebuilt without the request
+        # (the gateway upgrades to nothing: the request is served over HTTP/1.1).
+        self._plain_head: bytes | None = None
 
     # -- timers ---------------------------------------------------------------------------------
 
@@ -371,7 +375,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._request_bytes = True
         in_head, in_body, heads = self._head_open, self._reading_body, self._heads
         self._read_len = len(data)
-        super().data_received(data)
+        self._feed(data)
         if self.transport.is_closing():
             return  # answered (an unparsable request) or closed
         if self._head_open:
@@ -416,6 +420,59 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._trailers_too_large = True
             raise ValueError("request trailers too large")
 
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's data_received, and a request asking for an upgrade served as a plain one."""
+        self._unset_keepalive_if_required()
+        while True:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.send_400_response("Invalid HTTP request received.")
+            except httptools.HttpParserUpgrade as exc:
+                rest = self._without_upgrade(data, exc)
+                if rest is not None:
+                    data = rest
+                    continue
+            return
+
+    def _without_upgrade(self, data: bytes, exc: Exception) -> bytes | None:
+        """The parser stopped at a request asking for an upgrade (`Upgrade` with `Connection:
+        upgrade`, e.g. WebSocket, h2c): what follows its head would be the new protocol, so a
+        body was lost (the request ran empty) and a WebSocket handshake went to uvicorn's
+        WebSocket layer (a bare 403, unrecorded). The gateway upgrades to nothing; as HTTP
+        allows, the request is served as a plain one: a new parser reads its head without the
+        upgrade, then the rest of the read (returned, to be fed)."""
+        head, self._plain_head = self._plain_head, None
+        offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        if head is None or offset is None:
+            self._refuse(400, "Protocol upgrades and CONNECT are not supported.", "unsupported")
+            return None
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        return head + data[offset:]
+
+    def _head_without_upgrade(self) -> bytes | None:
+        """The request's head without `Upgrade` (and its `Connection` token); None for CONNECT."""
+        method = self.parser.get_method()
+        if method == b"CONNECT":
+            return None
+        version = self.parser.get_http_version().encode()
+        lines = [b"%s %s HTTP/%s\r\n" % (method, self.url, version)]
+        for name, value in self.headers:
+            if name in (b"upgrade", b"http2-settings"):
+                continue
+            if name == b"connection":
+                tokens = [t.strip() for t in value.split(b",")]
+                tokens = [
+                    t for t in tokens if t and t.lower() not in (b"upgrade", b"http2-settings")
+                ]
+                if not tokens:
+                    continue
+                value = b", ".join(tokens)
+            lines.append(b"%s: %s\r\n" % (name, value))
+        return b"".join(lines) + b"\r\n"
+
     def on_headers_complete(self) -> None:
         # A head that ended in a read larger than what it had left may be over the limit: its
         # exact size then (rare: a read that size is a large body arriving with its head).
@@ -426,6 +483,10 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._head_too_large = True
             # Stops the parser: uvicorn answers through send_400_response, the 431 here.
             raise ValueError("request head too large")
+        if self.parser.should_upgrade():
+            # Not served from this parse: the parser stops after this head (_feed).
+            self._plain_head = self._head_without_upgrade()
+            return
         self._request_bytes = False
         self._reading_body = True
         self._idle_wait = False
@@ -437,6 +498,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             cycle.__class__ = _Cycle
 
     def on_message_complete(self) -> None:
+        if self._plain_head is not None:
+            return  # the end of a head asking for an upgrade: served from its plain parse
         self._reading_body = False
         super().on_message_complete()
 

@@ -315,3 +315,69 @@ def test_a_half_closed_client_waiting_for_a_slow_answer_gets_it(
     answers = responses(out)
     assert [a[0] for a in answers] == [200], answers
     recorded_once(slow_gw, access_log, request_id, 200)
+
+
+# -- a request asking for a protocol upgrade ------------------------------------------------------
+
+WEBSOCKET = (
+    b"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+)
+H2C = b"Upgrade: h2c\r\nConnection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n"
+
+
+@pytest.mark.parametrize("upgrade", [H2C, WEBSOCKET, b"Upgrade: foo/2\r\nConnection: upgrade\r\n"])
+def test_a_request_asking_for_an_upgrade_is_served_over_http_1_1(
+    gw: GatewayServer, access_log: AccessLines, upgrade: bytes
+) -> None:
+    """The gateway upgrades to nothing: the request is served as a plain one, its body
+    included (it ran with an empty body, a 400), and a WebSocket handshake gets the route's
+    answer (it was a bare 403 from the WebSocket layer, unrecorded)."""
+    ids = [f"upgrade-{time.monotonic_ns()}-{i}" for i in range(3)]
+    post = request(extra=upgrade + b"x-request-id: %s\r\n" % ids[0].encode())
+    get = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n%s%sx-request-id: %s\r\n\r\n" % (
+        AUTH,
+        upgrade,
+        ids[1].encode(),
+    )
+    chunked = chunked_head(b"/v1/messages").replace(
+        b"\r\n\r\n",
+        b"\r\n%santhropic-version: 2023-06-01\r\nx-request-id: %s\r\n\r\n"
+        % (upgrade, ids[2].encode()),
+    ) + b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+    out = b""
+    for data in (post, get, chunked):  # one at a time, then all three pipelined
+        out += exchange(data, half_close=True)
+    out += exchange(post + get + chunked, half_close=True)
+    assert b"101 Switching" not in out
+    answers = responses(out)
+    assert [a[0] for a in answers] == [200] * 6, answers
+    assert [a[1]["x-request-id"] for a in answers] == ids + ids
+    assert orjson.loads(answers[0][2])["object"] == "chat.completion"
+    assert orjson.loads(answers[1][2])["object"] == "list"
+    assert orjson.loads(answers[2][2])["type"] == "message"
+    for i in ids:
+        access_log.wait_for(i)
+    time.sleep(0.1)
+    for i in ids:
+        assert [x["status"] for x in access_log.lines if x["request_id"] == i] == [200, 200]
+
+
+def test_a_body_split_across_reads_after_an_upgrade_head_is_read_whole(gw: GatewayServer) -> None:
+    data = request(extra=H2C + b"Connection: close\r\n")
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+    for piece in (data[:-20], data[-20:-7], data[-7:]):
+        s.sendall(piece)
+        time.sleep(0.05)
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    s.close()
+    assert [a[0] for a in responses(out)] == [200]
+
+
+def test_many_pipelined_upgrade_requests_in_one_read_are_all_answered(gw: GatewayServer) -> None:
+    one = b"GET /health HTTP/1.1\r\nHost: x\r\nUpgrade: a\r\nConnection: upgrade\r\n\r\n"
+    last = one.replace(b"upgrade\r\n", b"upgrade, close\r\n")
+    answers = responses(exchange(one * 1500 + last, within_s=30))
+    assert [a[0] for a in answers] == [200] * 1501
