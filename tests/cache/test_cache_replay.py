@@ -144,3 +144,45 @@ def test_a_refused_answer_is_replayed_as_a_refusal(gw) -> None:
     assert final.stop_reason == unary.stop_reason
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in unary.content]
     assert refusal in json.dumps([b.model_dump() for b in final.content])
+
+
+def test_a_streamed_refusal_is_not_stored_as_an_empty_answer(gw) -> None:
+    """The stream assembler keeps a chat stream's text and tool calls; a refusal streamed in
+    `refusal` deltas became an empty answer, stored and served as the answer."""
+    msgs = [{"role": "user", "content": "Something else that is refused"}]
+    body = {"model": "refusing", "messages": msgs, "temperature": 0}
+    headers = {"authorization": "Bearer key-1"}
+    url = gw.base_url + "/chat/completions"
+    streamed = httpx.post(url, json={**body, "stream": True}, headers=headers, timeout=30)
+    refusal = "".join(
+        c["choices"][0]["delta"].get("refusal") or ""
+        for c in validate_sse(streamed.content)
+        if c["choices"]
+    )
+    assert refusal
+    unary = httpx.post(url, json=body, headers=headers, timeout=30)
+    assert unary.headers["x-gateway-cache"] == "miss"
+    assert unary.json()["choices"][0]["message"]["refusal"] == refusal
+    again = httpx.post(url, json={**body, "stream": True}, headers=headers, timeout=30)
+    assert again.headers["x-gateway-cache"] == "hit-exact"  # the unary answer, stored whole
+    assert refusal in again.text
+    assert gw.pipeline.cache.invalid_entries == 0
+
+
+def test_a_streamed_completions_answer_is_not_stored_in_another_shape(gw, fleet) -> None:
+    """The assembler reads chat chunks: a completions stream became a chat-shaped answer with
+    no text, stored under the completions key (every later request found an invalid entry)."""
+    body = {"model": "chat", "prompt": "Count to three", "temperature": 0, "max_tokens": 8}
+    headers = {"authorization": "Bearer key-1"}
+    url = gw.base_url + "/completions"
+    streamed = httpx.post(url, json={**body, "stream": True}, headers=headers, timeout=30)
+    assert streamed.headers["x-gateway-cache"] == "miss"
+    unary = httpx.post(url, json=body, headers=headers, timeout=30)
+    assert unary.headers["x-gateway-cache"] == "miss"
+    assert unary.json()["choices"][0]["text"]
+    assert gw.pipeline.cache.invalid_entries == 0
+    hit = httpx.post(url, json={**body, "stream": True}, headers=headers, timeout=30)
+    assert hit.headers["x-gateway-cache"] == "hit-exact"
+    text = "".join(c["choices"][0]["text"] for c in sse_payloads(hit.content) if c["choices"])
+    assert text == unary.json()["choices"][0]["text"]
+    assert fleet.stats("a")["by_endpoint"].get("completions") == 2

@@ -125,6 +125,26 @@ def route_of(decision: Decision) -> str:
     return f"{decision.alias_name}>{','.join(decision.chain)}"
 
 
+def faithful(endpoint: str, completion: bytes) -> bool:
+    """Whether the answer assembled from a stream is the answer the client was streamed.
+
+    The assembler reads chat chunks' content and tool calls: a completions stream (its text is
+    in `text`) became an answer of another shape, and a streamed refusal an empty answer, which
+    were stored and served as the answer (the empty one to every later identical request). An
+    assembled answer of another shape, or with neither text nor tool calls, is not stored."""
+    try:
+        doc = check_unary(endpoint, completion)
+    except InvalidAnswer:
+        return False
+    if endpoint != "chat":
+        return True
+    for choice in doc["choices"]:
+        msg = choice["message"]
+        if not (msg.get("content") or msg.get("tool_calls") or msg.get("refusal")):
+            return False
+    return True
+
+
 def uses_cache(policy: Policy, alias: Alias) -> bool:
     """Whether requests to `alias` (or to the longer-context aliases it reroutes to) may be
     cached: when not, the alias's stack leaves this stage out."""
@@ -205,7 +225,7 @@ class Cache:
         if response.status_code != 200:
             self._abort(plan, LeaderGone())
         elif isinstance(response, StreamReply):
-            on_finish(response, lambda: self._stream_ended(plan, response))
+            on_finish(response, lambda: self._stream_ended(plan, response, acc.endpoint))
         else:
             refresh = self._store(plan, bytes(response.body))
             if refresh is not None:
@@ -340,9 +360,12 @@ class Cache:
             return task if plan.semantic.refresh else None
         return None
 
-    def _stream_ended(self, plan: CachePlan, reply: StreamReply) -> None:
+    def _stream_ended(self, plan: CachePlan, reply: StreamReply, endpoint: str) -> None:
         completion: bytes | None = getattr(reply, "completion", None)
-        if completion is None:
+        if completion is None or not faithful(endpoint, completion):
+            # The identical requests waiting on this one go upstream themselves.
+            if completion is not None:
+                self.unstored += 1
             self._abort(plan, LeaderGone())
         else:
             self._store(plan, completion)
