@@ -37,6 +37,8 @@ for i = 1, nb do
     t = cap; ts = now
   end
   if t > cap then t = cap end
+  -- Never below a minute's refill in debt (-1e308 would refuse the scope for ever).
+  if t < -cap then t = -cap end
   if ts > now then ts = now end
   if now > ts then t = math.min(cap, t + (now - ts) * rate) end
   t = t - tonumber(ARGV[j + 3])  -- admitted alone while Redis was away: charged now

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import orjson
 
 from gateway.errors import model_not_found, unauthorized
-from gateway.governance.answers import duration, over_budget, rate_limited
+from gateway.governance.answers import duration, over_budget, rate_limited, retry_wait
 from gateway.governance.concurrency import Concurrency, Slots
 from gateway.governance.fairshare import FairShare
 from gateway.governance.keys import KEY_PREFIX, KeyRecord, KeyStore
@@ -252,6 +252,7 @@ class GovernanceService:
                 ctx.extra_headers = {**(ctx.extra_headers or {}), **headers}
             if refused is not None:
                 why, wait = refused
+                wait = retry_wait(wait)
                 self.stats.refused(p.tenant, p.key_id, why)
                 message = (
                     f"Rate limit reached for {p.tenant}: retry in {duration(wait)}."
