@@ -20,8 +20,8 @@ from pydantic import BaseModel, ValidationError
 from gateway.governance.settings import Governance
 
 YEAR_S = 366 * 86_400
-# No count, rate, weight or amount of money in a policy needs more; beyond it sums and products
-# at run time may overflow to inf.
+# No count, size, rate, weight or amount of money in a policy needs more; beyond it sums and
+# products at run time may overflow to inf, and integers past 64 bits cannot be written as JSON.
 MAX_NUMBER = 1e12
 
 
@@ -274,14 +274,25 @@ def _number_problem(name: str, value: float) -> str | None:
     if limit is not None and value > limit:
         unit = "ms" if name.endswith("_ms") else "s"
         return f"{value:g} {unit} is longer than a year: not a usable duration"
-    if isinstance(value, float) and abs(value) > MAX_NUMBER:
-        return f"{value:g} is larger than {MAX_NUMBER:g}: not a usable setting"
+    if abs(value) > MAX_NUMBER:
+        # Integers too: one beyond 64 bits cannot be written as JSON (admin views, explain).
+        shown = f"{value:g}" if isinstance(value, float) else _int_text(value)
+        return f"{shown} is larger than {MAX_NUMBER:g}: not a usable setting"
     return None
+
+
+def _int_text(value: int) -> str:
+    """A large integer in a few characters (float() overflows past 1e308)."""
+    digits = str(abs(value))
+    sign = "-" if value < 0 else ""
+    if len(digits) <= 15:
+        return sign + digits
+    return f"{sign}{digits[0]}.{digits[1:3]}e+{len(digits) - 1}"
 
 
 def number_problems(model: BaseModel) -> list[Problem]:
     """Every numeric field of `model` and the models inside it: finite, durations (`*_s`,
-    `*_ms`, TTLs included) at most a year, any other float at most MAX_NUMBER."""
+    `*_ms`, TTLs included) at most a year, any other number at most MAX_NUMBER."""
     out: list[Problem] = []
 
     def walk(value: Any, name: str, path: str) -> None:

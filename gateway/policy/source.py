@@ -25,6 +25,8 @@ MAX_BYTES = 1024 * 1024
 MAX_NODES = 200_000  # nodes after alias expansion
 MAX_ALIASES = 1_000
 MAX_DEPTH = 100  # nested mappings/sequences
+MAX_INT_DIGITS = 100  # an integer scalar (Python refuses to read more than 4300 digits)
+_INT_TAG = "tag:yaml.org,2002:int"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -183,6 +185,7 @@ def _index(
         for k, v in node.value:
             key = str(k.value) if isinstance(k, yaml.ScalarNode) else "?"
             child = f"{path}.{key}" if path else key
+            _check_scalar(k, child[:200])
             line = k.start_mark.line + 1
             ident = _key_identity(k, loader)
             if ident is not None:
@@ -201,3 +204,13 @@ def _index(
             child = f"{path}.{i}" if path else str(i)
             lines[child] = v.start_mark.line + 1
             _index(v, child, smap, seen, loader)
+    else:
+        _check_scalar(node, path)
+
+
+def _check_scalar(node: yaml.Node, path: str) -> None:
+    if node.tag == _INT_TAG and len(str(node.value)) > MAX_INT_DIGITS:
+        raise YamlLimitError(
+            f"{path or '<root>'}: an integer of more than {MAX_INT_DIGITS} digits "
+            f"(line {node.start_mark.line + 1})"
+        )
