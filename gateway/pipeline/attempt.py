@@ -35,10 +35,12 @@ def attempt_error(exc: BaseException) -> UpstreamFailure:
 
 
 class Attempt:
-    __slots__ = ("admission", "ctx", "kept", "member", "settled", "start")
+    __slots__ = ("admission", "ctx", "kept", "member", "settled", "start", "ticket")
 
     def __init__(self, member: ProviderState, ctx: Context, admission: Admission) -> None:
         self.member, self.ctx, self.admission = member, ctx, admission
+        # Created right after the breaker admitted it: whether it is a half-open probe.
+        self.ticket = member.breaker.ticket()
         self.start = member.member.begin()
         member.requests += 1
         if ctx.trace is not None:  # the attempt's span (its id goes upstream as traceparent)
@@ -111,7 +113,7 @@ class Attempt:
         routing = m.member
         if kind is FailureKind.UPSTREAM_4XX or kind is FailureKind.UNSUPPORTED:
             routing.release()  # the request's fault (or the type's reach), not the member's
-            m.breaker.release()
+            m.breaker.release(self.ticket)
             return
         if kind is FailureKind.UPSTREAM_AUTH:
             m.auth_failed_at = time.monotonic()
@@ -121,7 +123,7 @@ class Attempt:
         # breaker would never see the failures it needs to trip, and a recovered member would
         # stay shunned for minutes.
         routing.fail_fast(f.kind)
-        m.breaker.record_failure(kind)
+        m.breaker.record_failure(kind, self.ticket)
         if kind is FailureKind.RATE_LIMITED:
             m.breaker.cool_down(f.retry_after if f.retry_after is not None else 1.0)
 
@@ -129,12 +131,12 @@ class Attempt:
         """Cancelled because another attempt answered first (see Member.outrun)."""
         if self._settle():
             self.member.member.outrun(elapsed_s)
-            self.member.breaker.release()
+            self.member.breaker.release(self.ticket)
 
     def cancel(self) -> None:
         if self._settle():
             self.member.member.release()
-            self.member.breaker.release()
+            self.member.breaker.release(self.ticket)
 
     def __del__(self) -> None:
         # A kept attempt whose stream was never settled (a bug): free the member's slot rather

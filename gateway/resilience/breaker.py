@@ -7,6 +7,11 @@
 * **half-open**: at most ``half_open_probes`` requests at a time probe the provider; a probe
   success closes the breaker, a probe failure opens it again.
 
+An outcome only counts as a probe's verdict when it comes from a probe: a request admitted before the
+breaker opened (a long stream, a request hanging until its timeout) that ends during the half-open
+period is counted in the window, but does not reopen the breaker nor free a probe slot it never held
+(see :meth:`CircuitBreaker.ticket`).
+
 A 429 with Retry-After is not a failure trip: :meth:`CircuitBreaker.cool_down` blocks the member
 until a timestamp, independently of the state machine. Every change is reported to listeners
 as a :class:`BreakerEvent` so metrics, logs and replica sharing hook in from outside.
@@ -96,6 +101,8 @@ class BreakerEvent:
 
 
 Listener = Callable[[BreakerEvent], None]
+# What an admission was (see CircuitBreaker.ticket): the breaker's period and whether it was a probe.
+Ticket = tuple[int, bool]
 
 
 class CircuitBreaker:
@@ -123,6 +130,7 @@ class CircuitBreaker:
         self._trips = 0  # trips since the last close: drives the doubling cool-down
         self._probes = 0  # probes in flight while half-open
         self._last_early_probe = 0.0  # last trip or early probe (see early_probe)
+        self._period = 0  # counts state changes: tells a probe from a request admitted before
 
     def on_transition(self, callback: Listener) -> None:
         """Call ``callback(event)`` on every transition of this breaker only."""
@@ -235,9 +243,18 @@ class CircuitBreaker:
             return True
         return False
 
-    def release(self) -> None:
+    def ticket(self) -> Ticket:
+        """What the admission just granted by :meth:`acquire` (or :meth:`early_probe`) is: pass
+        it back with its outcome, so that only a probe of the current half-open period decides
+        it (or frees its slot). Outcomes without a ticket count as probes when half-open."""
+        return self._period, self._state is BreakerState.HALF_OPEN
+
+    def _is_probe(self, ticket: Ticket | None) -> bool:
+        return ticket is None or ticket == (self._period, True)
+
+    def release(self, ticket: Ticket | None = None) -> None:
         """Give back an admission without an outcome (e.g. the client went away)."""
-        if self._state is BreakerState.HALF_OPEN and self._probes > 0:
+        if self._state is BreakerState.HALF_OPEN and self._probes > 0 and self._is_probe(ticket):
             self._probes -= 1
 
     def record_success(self) -> None:
@@ -248,17 +265,23 @@ class CircuitBreaker:
         if self._state is BreakerState.HALF_OPEN:
             self._close("probe_succeeded", "local")
 
-    def record_failure(self, kind: FailureKind = FailureKind.UPSTREAM_5XX) -> None:
-        """Count a failed attempt; kinds that are no health signal only free a probe slot."""
+    def record_failure(
+        self, kind: FailureKind = FailureKind.UPSTREAM_5XX, ticket: Ticket | None = None
+    ) -> None:
+        """Count a failed attempt; kinds that are no health signal only free a probe slot.
+
+        While half-open only a probe's failure reopens the breaker: a request admitted before it
+        opened says nothing about the provider since then."""
         now = self._clock()
         self._advance(now)
         if not counts_against_breaker(kind):
-            self.release()
+            self.release(ticket)
             return
         self._window.add(_FAIL)
         self._consecutive += 1
         if self._state is BreakerState.HALF_OPEN:
-            self._trip(now, "probe_failed")
+            if self._is_probe(ticket):
+                self._trip(now, "probe_failed")
         elif self._state is BreakerState.CLOSED:
             reason = kind.value if trips_at_once(kind) else self._trip_reason()
             if reason is not None:
@@ -287,10 +310,12 @@ class CircuitBreaker:
         elif state is BreakerState.OPEN:
             old = self.state
             self._state, self._open_until, self._probes = BreakerState.OPEN, math.inf, 0
+            self._period += 1
             self._emit(old, BreakerState.OPEN, "forced", None, None, source)
         else:
             old = self.state
             self._state, self._probes = BreakerState.HALF_OPEN, 0
+            self._period += 1
             self._emit(old, BreakerState.HALF_OPEN, "forced", now, 0.0, source)
 
     def apply_remote(self, state: BreakerState, remaining_s: float | None) -> None:
@@ -308,6 +333,7 @@ class CircuitBreaker:
             old = self.state
             self._state, self._open_until, self._probes = BreakerState.OPEN, until, 0
             self._consecutive = 0
+            self._period += 1
             self._emit(old, BreakerState.OPEN, "remote", _finite(until), remaining_s, "remote")
 
     # ---- internals -------------------------------------------------------------------------
@@ -329,6 +355,7 @@ class CircuitBreaker:
         old = self._state
         self._state, self._open_until = BreakerState.OPEN, now + cooldown
         self._probes = self._consecutive = 0
+        self._period += 1
         self._last_early_probe = now
         self._emit(old, BreakerState.OPEN, reason, self._open_until, cooldown, "local")
 
@@ -336,6 +363,7 @@ class CircuitBreaker:
         old = self.state
         self._state, self._open_until = BreakerState.CLOSED, 0.0
         self._probes = self._consecutive = self._trips = 0
+        self._period += 1
         self._window.clear()  # failures from before the outage must not re-trip at once
         if old is not BreakerState.CLOSED or reason == "forced":
             self._emit(old, BreakerState.CLOSED, reason, None, None, source)
@@ -343,6 +371,7 @@ class CircuitBreaker:
     def _advance(self, now: float) -> None:
         if self._state is BreakerState.OPEN and now >= self._open_until:
             self._state, self._probes = BreakerState.HALF_OPEN, 0
+            self._period += 1
             self._emit(BreakerState.OPEN, BreakerState.HALF_OPEN, "cooldown_elapsed", now, 0.0)
 
     def _emit(

@@ -1,0 +1,204 @@
+"""Only a half-open breaker's probes decide it: a request admitted before the breaker opened (a
+long stream, a request hanging until its timeout) that ends during the half-open period is
+counted, but neither reopens the breaker (with a doubled cool-down) while the probe is still out,
+nor frees a probe slot it never held (letting more probes than `half_open_probes` through)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+
+from gateway.resilience.breaker import BreakerSettings, BreakerState, CircuitBreaker
+from gateway.resilience.failures import FailureKind
+from tests.support import FakeClock, GatewayServer, free_port, poll
+
+SETTINGS = BreakerSettings(consecutive_failures=2, cooldown_s=1.0, half_open_probes=1)
+
+
+def opened_with_a_request_in_flight() -> tuple[CircuitBreaker, FakeClock, tuple[int, bool]]:
+    """A breaker that opened while one request it admitted earlier was still running."""
+    clock = FakeClock(100.0)
+    b = CircuitBreaker("p", SETTINGS, clock)
+    assert b.acquire()
+    earlier = b.ticket()
+    for _ in range(2):
+        assert b.acquire()
+        b.record_failure(FailureKind.UPSTREAM_5XX, b.ticket())
+    assert b.state is BreakerState.OPEN
+    return b, clock, earlier
+
+
+@pytest.mark.parametrize(
+    "kind", [FailureKind.FIRST_BYTE_TIMEOUT, FailureKind.UPSTREAM_5XX, FailureKind.STREAM_BROKEN]
+)
+def test_a_failure_admitted_before_the_trip_does_not_decide_the_half_open_breaker(
+    kind: FailureKind,
+) -> None:
+    b, clock, earlier = opened_with_a_request_in_flight()
+    clock.advance(1.1)
+    assert b.acquire()  # the probe
+    b.record_failure(kind, earlier)  # the old request gives up now
+    assert b.state is BreakerState.HALF_OPEN
+    assert b.snapshot()["window_failures"] == 3  # counted all the same
+    assert not b.acquire()  # the probe's slot is still taken
+    b.record_success()  # the probe answers: the provider is back
+    assert b.state is BreakerState.CLOSED
+
+
+@pytest.mark.parametrize("ending", ["release", "client_error", "rate_limited"])
+def test_an_earlier_request_ending_without_verdict_does_not_free_the_probe_slot(
+    ending: str,
+) -> None:
+    b, clock, earlier = opened_with_a_request_in_flight()
+    clock.advance(1.1)
+    assert b.acquire()
+    if ending == "release":
+        b.release(earlier)  # its client went away
+    elif ending == "client_error":
+        b.record_failure(FailureKind.UPSTREAM_4XX, earlier)
+    else:
+        b.record_failure(FailureKind.RATE_LIMITED, earlier)
+    assert not b.acquire()  # still one probe at a time
+    assert b.snapshot()["probes_in_flight"] == 1
+
+
+def test_the_probe_own_outcomes_still_decide() -> None:
+    b, clock, _ = opened_with_a_request_in_flight()
+    clock.advance(1.1)
+    assert b.acquire()
+    probe = b.ticket()
+    assert probe[1]
+    b.release(probe)  # a probe whose client left frees its slot
+    assert b.acquire()
+    b.record_failure(FailureKind.UPSTREAM_5XX, b.ticket())  # a probe's failure reopens
+    assert b.state is BreakerState.OPEN
+    assert b.snapshot()["open_remaining_s"] == pytest.approx(2.0)  # doubled
+    clock.advance(2.1)
+    assert b.acquire()
+    b.record_failure(FailureKind.UPSTREAM_5XX)  # without a ticket: taken as a probe's
+    assert b.state is BreakerState.OPEN
+
+
+# -- through the gateway ---------------------------------------------------------------------
+
+
+class Scripted:
+    """An upstream whose answer is named by the request's last message: `late-503` answers a
+    503 after 1.5 s, `503` at once, `slow-ok` a completion after 1.2 s, anything else at once."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> Scripted:
+        self._thread.start()
+        start = asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            length = next(
+                int(h.split(":", 1)[1]) for h in head if h.lower().startswith("content-length:")
+            )
+            req = json.loads(await reader.readexactly(length))
+            what = req["messages"][-1]["content"]
+            status, body = (
+                200,
+                {
+                    "id": "chatcmpl-s",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": "m",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "ok"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                },
+            )
+            if what in ("late-503", "503"):
+                await asyncio.sleep(1.5 if what == "late-503" else 0.0)
+                status, body = 503, {"error": {"message": "overloaded", "type": "server_error"}}
+            elif what == "slow-ok":
+                await asyncio.sleep(1.2)
+            data = json.dumps(body).encode()
+            writer.write(
+                b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n%s" % (status, len(data), data)
+            )
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+
+@pytest.fixture
+def scripted() -> Iterator[Scripted]:
+    with Scripted() as s:
+        yield s
+
+
+def test_a_recovered_provider_closes_although_an_old_request_fails_during_its_probe(
+    scripted: Scripted, gateway: Callable[..., GatewayServer]
+) -> None:
+    gw = gateway(
+        f"""
+providers:
+  p: {{base_url: '{scripted.url}', breaker: {{consecutive_failures: 2, cooldown_s: 0.5}}}}
+pools:
+  main: {{members: [p]}}
+models:
+  chat: {{pool: main, cache: {{exact: {{enabled: false}}}}}}
+retry: {{max_attempts: 1}}
+"""
+    )
+
+    def ask(text: str) -> httpx.Response:
+        body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
+        return httpx.post(gw.base_url + "/chat/completions", json=body, timeout=10)
+
+    results: dict[str, int] = {}
+    old = threading.Thread(target=lambda: results.update(old=ask("late-503").status_code))
+    old.start()  # admitted while closed; fails 1.5 s later, during the probe below
+    time.sleep(0.1)
+    assert ask("503").status_code == 502
+    assert ask("503").status_code == 502
+    assert gw.breaker("p")["state"] == "open"
+    time.sleep(0.6)  # the cool-down ends
+    probe = threading.Thread(target=lambda: results.update(probe=ask("slow-ok").status_code))
+    probe.start()  # out from about 0.75 s to 1.95 s; the old request fails at 1.5 s
+    poll(lambda: gw.breaker("p")["probes_in_flight"] == 1, within_s=1.0)
+    assert ask("second probe?").status_code == 503  # one probe at a time
+    old.join()
+    probe.join()
+    assert results == {"old": 502, "probe": 200}
+    poll(lambda: gw.breaker("p")["state"] == "closed", within_s=2.0)
+    assert ask("after").status_code == 200
