@@ -432,5 +432,6 @@ class SemanticCache:
             "expired": self.index.expired,
             "redis_errors": self.store_backend.errors if self.store_backend else 0,
             "invalid": self.store_backend.invalid if self.store_backend else 0,
+            "other_model": self.store_backend.other_model if self.store_backend else 0,
             "stored": self.stored,
         }

@@ -142,6 +142,8 @@ class RedisSemanticStore:
         """Records under the prefix that are not entries a gateway wrote (damaged, tampered
         with): never loaded into the index."""
         self._invalid_logged_at = -60.0
+        self.other_model = 0
+        """Records of another embedding model (a rollout of another one): skipped, not damaged."""
 
     # -- error handling ---------------------------------------------------------------------
     def available(self) -> bool:
@@ -306,7 +308,10 @@ class RedisSemanticStore:
         logged, at most once a minute) instead of added: never an error for the scan or the
         subscription, whatever the key or the bytes."""
         try:
-            return decode_entry(entry_id.decode(), blob, self.model_id)
+            decoded = decode_entry(entry_id.decode(), blob, self.model_id)
+            if decoded is None:
+                self.other_model += 1
+            return decoded
         except (InvalidEntry, UnicodeDecodeError) as e:
             self.invalid += 1
             now = time.monotonic()

@@ -138,6 +138,7 @@ async def test_tampered_records_are_not_loaded_and_are_counted(
     try:
         assert len(cache.index) == 1  # the gateway's own record only
         assert cache.stats()["invalid"] == len(bad) + 1
+        assert cache.stats()["other_model"] == 1
         for name in bad:
             found = await cache.lookup(NS + name, ASKED)
             assert found.outcome == "miss" and found.hit is None, name
