@@ -321,7 +321,9 @@ class CircuitBreaker:
     def apply_remote(self, state: BreakerState, remaining_s: float | None) -> None:
         """Apply a transition seen on another replica (reported with ``source="remote"``).
 
-        ``remaining_s`` None with OPEN means held open (forced there).
+        ``remaining_s`` None with OPEN means held open (forced there). A timed open lasts at
+        most this breaker's own ``max_cooldown_s`` (a peer's message never keeps a provider out
+        longer than this process itself would) and never ends an open held here by hand.
         """
         if state is BreakerState.CLOSED:
             if self._state is not BreakerState.CLOSED:
@@ -329,7 +331,11 @@ class CircuitBreaker:
             return
         if state is BreakerState.OPEN:
             now = self._clock()
-            until = math.inf if remaining_s is None else now + max(0.0, remaining_s)
+            if remaining_s is not None:
+                if self._state is BreakerState.OPEN and math.isinf(self._open_until):
+                    return  # held open by hand here: only a close or a force ends that
+                remaining_s = min(max(0.0, remaining_s), self.settings.max_cooldown_s)
+            until = math.inf if remaining_s is None else now + remaining_s
             old = self.state
             self._state, self._open_until, self._probes = BreakerState.OPEN, until, 0
             self._consecutive = 0

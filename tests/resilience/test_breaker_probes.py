@@ -202,3 +202,30 @@ retry: {{max_attempts: 1}}
     assert results == {"old": 502, "probe": 200}
     poll(lambda: gw.breaker("p")["state"] == "closed", within_s=2.0)
     assert ask("after").status_code == 200
+
+
+# -- opens reported by other replicas ---------------------------------------------------------
+
+
+def test_a_peer_open_lasts_at_most_this_breaker_max_cooldown() -> None:
+    clock = FakeClock(100.0)
+    b = CircuitBreaker("p", BreakerSettings(cooldown_s=5, max_cooldown_s=60), clock)
+    b.apply_remote(BreakerState.OPEN, 80_000.0)  # a peer with another policy, or a forged one
+    assert b.state is BreakerState.OPEN
+    assert b.snapshot()["open_remaining_s"] == pytest.approx(60.0)
+    assert b.blocked_for_s() == pytest.approx(60.0)
+    clock.advance(60.1)
+    assert b.state is BreakerState.HALF_OPEN and b.acquire()
+    b.apply_remote(BreakerState.OPEN, 7.0)  # an ordinary peer trip is kept as it is
+    assert b.snapshot()["open_remaining_s"] == pytest.approx(7.0)
+
+
+def test_a_peer_timed_open_never_ends_an_open_held_by_hand() -> None:
+    clock = FakeClock(100.0)
+    b = CircuitBreaker("p", BreakerSettings(), clock)
+    b.force(BreakerState.OPEN)
+    b.apply_remote(BreakerState.OPEN, 5.0)
+    clock.advance(10.0)
+    assert b.state is BreakerState.OPEN and not b.acquire()
+    b.apply_remote(BreakerState.CLOSED, None)  # a close (or a force) still ends it
+    assert b.state is BreakerState.CLOSED
