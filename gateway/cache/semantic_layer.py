@@ -56,6 +56,8 @@ class SemanticLayer:
         self.misses = 0
         self.rejected: dict[str, int] = {}
         self._stores: set[asyncio.Task[bool]] = set()
+        self.skipped: dict[str, int] = {}
+        """Answers the cache stage did not store, by reason (counted as refused stores)."""
         self.late = 0
         """Lookups that outlasted `lookup_budget_ms` (the upstream call started meanwhile)."""
         self.raced = 0
@@ -197,8 +199,16 @@ class SemanticLayer:
             plan.namespace, plan.text, body, plan.ttl_s, vector=plan.vector, wait_s=wait_s
         )
 
+    def not_stored(self, reason: str) -> None:
+        """An answer the cache stage does not store (content_filter: a content filter stopped
+        it; incomplete: a stream's assembled answer is not what was streamed)."""
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
     def store_stats(self) -> tuple[int, dict[str, int]]:
         """Stores done and stores refused by reason (for metrics)."""
         if self.cache is None:
             return 0, {}
-        return self.cache.stored, dict(self.cache.refused)
+        refused = dict(self.cache.refused)
+        for reason, n in self.skipped.items():
+            refused[reason] = refused.get(reason, 0) + n
+        return self.cache.stored, refused

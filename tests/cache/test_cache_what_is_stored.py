@@ -169,4 +169,7 @@ def test_semantic_cache_does_not_store_filtered_answers(
     while stores.stored == stored and time.monotonic() < deadline:
         time.sleep(0.02)
     assert stores.stored == stored + 1  # the length answer only
+    refused = httpx.get(gw.url + "/metrics", timeout=10).text
+    line = 'gateway_semantic_stores_total{outcome="refused",reason="content_filter"}'
+    assert [x for x in refused.splitlines() if x.startswith(line)]
     assert ask(gw, "sem-length", question, streamed).headers["x-gateway-cache"] == "hit-semantic"

@@ -194,7 +194,7 @@ class Cache:
     def __init__(self, exact: Store, semantic: SemanticLayer, flights: SingleFlight) -> None:
         self.exact, self.semantic, self.flights = exact, semantic, flights
         self.invalid_entries = 0  # cached entries found invalid (served as misses)
-        self.unstored = 0  # answers not stored (a content filter stopped them)
+        self.unstored = 0  # answers not stored (a content filter stopped them, incomplete)
 
     async def __call__(self, call: Call, next: Next) -> Response:
         ctx, acc = call.ctx, call.acc
@@ -351,7 +351,7 @@ class Cache:
         if plan.leader:
             self.flights.resolve(plan.key, body)
         if not storable(body):
-            self.unstored += 1
+            self._unstored(plan, "content_filter")
             return None
         if plan.write:
             asyncio.get_running_loop().create_task(self.exact.set(plan.key, body, plan.ttl_s))
@@ -365,10 +365,17 @@ class Cache:
         if completion is None or not faithful(endpoint, completion):
             # The identical requests waiting on this one go upstream themselves.
             if completion is not None:
-                self.unstored += 1
+                self._unstored(plan, "incomplete")
             self._abort(plan, LeaderGone())
         else:
             self._store(plan, completion)
+
+    def _unstored(self, plan: CachePlan, reason: str) -> None:
+        """An answer the caches do not keep: counted here, and for the semantic cache as a
+        refused store (`gateway_semantic_stores_total{outcome="refused",reason}`)."""
+        self.unstored += 1
+        if plan.semantic is not None:
+            self.semantic.not_stored(reason)
 
     def _abort(self, plan: CachePlan, exc: BaseException) -> None:
         if plan.leader:
