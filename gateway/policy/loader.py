@@ -25,7 +25,13 @@ from gateway.policy.crosscheck import (
 )
 from gateway.policy.rules import check_rules
 from gateway.policy.schema import ENV_REF, GATEWAY_ENV_PREFIX, SKIP_REFERENCES, Policy
-from gateway.policy.source import SourceMap, YamlLimitError, load_yaml, read_bounded
+from gateway.policy.source import (
+    SourceMap,
+    YamlLimitError,
+    load_yaml,
+    lone_surrogate,
+    read_bounded,
+)
 
 # Variables a policy may never read: the gateway's own secrets.
 SECRET_VARIABLES = frozenset({"GATEWAY_ADMIN_KEY", "GATEWAY_API_KEYS"})
@@ -141,6 +147,10 @@ def _interpolate(
                 problems.error(path, f"${{{name}}}: GATEWAY_* variables are never sent upstream")
                 return ""
             if name in env:
+                bad = lone_surrogate(env[name])
+                if bad is not None:  # bytes that are not UTF-8 (read as surrogate escapes)
+                    problems.error(path, f"environment variable {name} is not UTF-8 text")
+                    return ""
                 return env[name]
             if default is not None:
                 return str(default)

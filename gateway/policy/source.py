@@ -13,6 +13,7 @@ silently: a second `sim-a:` block would replace the first).
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ MAX_ALIASES = 1_000
 MAX_DEPTH = 100  # nested mappings/sequences
 MAX_INT_DIGITS = 100  # an integer scalar (Python refuses to read more than 4300 digits)
 _INT_TAG = "tag:yaml.org,2002:int"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
@@ -209,8 +211,18 @@ def _index(
 
 
 def _check_scalar(node: yaml.Node, path: str) -> None:
+    line = node.start_mark.line + 1
     if node.tag == _INT_TAG and len(str(node.value)) > MAX_INT_DIGITS:
         raise YamlLimitError(
-            f"{path or '<root>'}: an integer of more than {MAX_INT_DIGITS} digits "
-            f"(line {node.start_mark.line + 1})"
+            f"{path or '<root>'}: an integer of more than {MAX_INT_DIGITS} digits (line {line})"
         )
+    if isinstance(node.value, str) and (bad := lone_surrogate(node.value)) is not None:
+        # "\ud800" escapes decode to text no encoder accepts: every answer, header or upstream
+        # request holding it would fail.
+        raise YamlLimitError(f"{path or '<root>'}: {bad} is not a character (line {line})")
+
+
+def lone_surrogate(text: str) -> str | None:
+    """The first UTF-16 surrogate in `text` as `\\udXXX` (not encodable as UTF-8), or None."""
+    m = _SURROGATE.search(text)
+    return None if m is None else f"\\u{ord(m.group()):04x}"
