@@ -381,3 +381,55 @@ def test_many_pipelined_upgrade_requests_in_one_read_are_all_answered(gw: Gatewa
     last = one.replace(b"upgrade\r\n", b"upgrade, close\r\n")
     answers = responses(exchange(one * 1500 + last, within_s=30))
     assert [a[0] for a in answers] == [200] * 1501
+
+
+# -- an answer sent before the request's body was read --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        (AUTH + b"Content-Length: 500000000\r\n", 413),  # refused on its declared length
+        (b"Authorization: Bearer wrong\r\nContent-Length: 50000000\r\n", 401),
+        (AUTH + b"Expect: 100-continue\r\nContent-Length: 500000000\r\n", 413),
+    ],
+)
+def test_an_answer_before_the_body_ends_the_connection_soon(
+    gw: GatewayServer, access_log: AccessLines, headers: bytes, status: int
+) -> None:
+    """The client keeps sending the body it announced: it gets the answer, then the connection
+    ends within a few seconds (the body was read and dropped until it ended or the 30 s body
+    timeout), and the request is recorded once."""
+    request_id = f"early-{time.monotonic_ns()}"
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+    s.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"x-request-id: %s\r\n%s\r\n" % (request_id.encode(), headers)
+    )
+    s.settimeout(0.01)
+    start, out, chunk = time.monotonic(), b"", b"x" * 65536
+    closed = False
+    while time.monotonic() - start < 8 and not closed:
+        with contextlib.suppress(TimeoutError, BlockingIOError):
+            s.send(chunk)
+        try:
+            got = s.recv(65536)
+            out += got
+            closed = not got
+        except (TimeoutError, BlockingIOError):
+            pass
+        except OSError:
+            closed = True
+    s.close()
+    assert closed and time.monotonic() - start < 5
+    answers = responses(out)
+    assert [a[0] for a in answers] == [status]
+    assert answers[0][1]["x-request-id"] == request_id
+    recorded_once(gw, access_log, request_id, status)
+
+
+def test_a_request_read_whole_keeps_its_connection(gw: GatewayServer) -> None:
+    """Only an unread body ends the connection: a refused request whose body came keeps it."""
+    bad = request(extra=b"", body=b'{"model": 1}')
+    out = exchange(bad + bad + request(extra=b"Connection: close\r\n"))
+    assert [a[0] for a in responses(out)] == [400, 400, 200]
