@@ -57,9 +57,6 @@ log = logging.getLogger("gateway.http")
 MAX_HEAD_BYTES = 64 * 1024
 # How long the app has to answer a body timeout's 408 itself before a plain one is written.
 LATE_ANSWER_S = 1.0
-# How long a connection whose answer went before its request's body was read stays open (what
-# the client still sends is dropped), for the client to read that answer.
-LINGER_S = 2.0
 # Lifespan-state key of the app's hook that records a request the protocol answered itself:
 # called with (status, path), returns the request id it was recorded under.
 RECORD_KEY = "gateway.record_refused"
@@ -508,15 +505,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         self._idle_since = self.loop.time()
-        # Answered before its body was read (a 413 on its declared length, a 401): the rest of
-        # that body would be read and dropped until it ended or the body timeout (30 s of
-        # upload). The connection is ended instead, after LINGER_S for the client to read the
-        # answer (closing at once could reset it before it is read).
-        unread = self._reading_body and self._running is self.cycle
         super().on_response_complete()
-        if unread and not self.transport.is_closing():
-            self._linger()
-            return
         if self._idle():
             self._stop_liveness()
             deferred = self._deferred
@@ -530,16 +519,6 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._stop_liveness()
             self._liveness_checks = 0
             self._check_liveness(probe=True)
-
-    def _linger(self) -> None:
-        self._refused = True  # nothing more is parsed: what still comes is dropped
-        self._reading_body = False
-        self._unset_keepalive_if_required()
-        self._disarm()
-        with contextlib.suppress(Exception):
-            if self.transport.can_write_eof():
-                self.transport.write_eof()
-        self._arm(LINGER_S, self.transport.close, "linger")
 
     # -- a client that half-closes --------------------------------------------------------------
 
