@@ -81,3 +81,46 @@ def test_an_invalid_stored_answer_is_rejected_counted_and_dropped(
     assert hit.json() == miss.json()
     assert metric(second, rejected) == 1
     r.close()
+
+
+def _poison(r: redis.Redis, prefix: str) -> bytes:
+    """Replace the answer of the one stored record by HTML (header and vector kept)."""
+    keys = poll(lambda: list(r.scan_iter(match=f"{prefix}sem:*")), within_s=10)
+    assert len(keys) == 1
+    blob = r.get(keys[0])
+    assert blob is not None
+    hlen = struct.unpack_from("<3sI", blob)[1]
+    r.set(keys[0], blob[: 7 + hlen + 4 * 384] + b"<html>not an answer</html>", ex=300)
+    return keys[0]
+
+
+def test_an_invalid_entry_found_by_a_late_lookup_leaves_the_upstream_call_running(
+    fleet, gateway, redis_url, redis_prefix
+) -> None:
+    """With a lookup budget, the upstream call starts before the lookup ends; a lookup that then
+    finds an entry cancelled that call before checking the entry: an invalid one left the
+    request without an answer. The entry is now checked first, and the call goes on."""
+    fleet.reset("slow")
+    text = policy(
+        {"p": fleet.url("slow")},
+        auth=TWO_TENANTS,
+        alias=SEMANTIC_ONLY,
+        extra="semantic_cache: {lookup_budget_ms: 0.001}\n",
+    )
+    first = gateway(text, redis_url=redis_url, prefix=redis_prefix)
+    assert ask(first, QUESTION).headers["x-gateway-cache"] == "miss"
+    r = redis.Redis.from_url(redis_url)
+    key = _poison(r, redis_prefix)
+    second = gateway(text, redis_url=redis_url, prefix=redis_prefix)
+    before = requests_at(fleet, "slow")
+    answer = ask(second, PARAPHRASE)
+    assert answer.headers["x-gateway-cache"] == "miss"
+    assert "x-gateway-cache-similarity" not in answer.headers
+    assert answer.json()["choices"][0]["message"]["content"]
+    assert requests_at(fleet, "slow") == before + 1
+    rejected = 'gateway_semantic_lookups_total{guard="invalid_entry",outcome="rejected"}'
+    assert metric(second, rejected) == 1
+    assert metric(second, 'gateway_semantic_lookups_total{guard="",outcome="late_hit_raced"}') == 0
+    assert [c.status for c in second.seen] == [200]
+    poll(lambda: not r.exists(key), within_s=5)
+    r.close()

@@ -305,18 +305,19 @@ class Cache:
         if not upstream.done():
             found = self.semantic.late_result(plan.semantic)
             if found is not None:
-                upstream.cancel()
-                with contextlib.suppress(BaseException):
-                    await upstream
-                self.semantic.raced += 1
+                # Checked before the call is cancelled: an entry that is not a valid answer
+                # (a miss) leaves the call running (cancelled first, it left a 500).
                 ctx.cache, ctx.similarity = "hit-semantic", found[1]
-                if plan.leader:
-                    self.flights.resolve(plan.key, found[0])
-                    plan.leader = False
                 hit = self._from_cache(found[0], call.acc, ctx, plan)
                 if hit is not None:
+                    upstream.cancel()
+                    with contextlib.suppress(BaseException):
+                        await upstream
+                    self.semantic.raced += 1
+                    if plan.leader:
+                        self.flights.resolve(plan.key, found[0])
+                        plan.leader = False
                     return hit
-                ctx.cache = "miss"
         return await upstream
 
     def _from_cache(
@@ -331,6 +332,7 @@ class Cache:
         except InvalidAnswer as e:
             self.invalid_entries += 1
             log.warning("cached %s entry not served: %s", ctx.cache, e)
+            ctx.similarity = None  # not a semantic hit: no similarity header either
             if ctx.cache == "hit-semantic" and plan is not None and plan.semantic is not None:
                 # Counted as a rejected lookup, not a hit, and dropped: it would be found
                 # again by every similar question.
