@@ -88,8 +88,8 @@ def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
         if not isinstance(item, dict) or not isinstance(item.get(member), types):
             raise InvalidAnswer(f"an item of '{field}' has no valid '{member}'")
         if endpoint == "chat":
-            _check_message(item["message"])
             _check_finish(item)
+            _check_message(item["message"], item.get("finish_reason"))
         elif endpoint == "completions":
             _check_finish(item)
         elif endpoint == "embeddings" and not _numbers(item["embedding"]):
@@ -223,8 +223,10 @@ def _flatten_delta(delta: dict[str, Any]) -> None:
         delta["content"] = text
 
 
-def _check_message(msg: dict[str, Any]) -> None:
-    if not any(k in msg for k in _MESSAGE_PARTS):
+def _check_message(msg: dict[str, Any], finish: Any = None) -> None:
+    # A filtered answer (Azure's content filters, finish_reason `content_filter`) may hold no
+    # content at all: that is the provider's answer, not a broken one.
+    if not any(k in msg for k in _MESSAGE_PARTS) and finish != "content_filter":
         raise InvalidAnswer("a message holds no content")
     _check_text(msg, "content")
     _check_text(msg, "refusal")

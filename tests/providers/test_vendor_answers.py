@@ -71,6 +71,22 @@ UNARY: dict[str, Any] = {
     "reference": _answer(
         [{"type": "text", "text": "Paris"}, {"type": "reference", "reference_ids": [1]}]
     ),
+    # Azure's content filters: the answer holds no content at all
+    "filtered": {
+        **_answer(None),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant"},
+                "finish_reason": "content_filter",
+                "content_filter_results": {"violence": {"filtered": True, "severity": "high"}},
+            }
+        ],
+    },
+    "emptystop": {
+        **_answer(None),
+        "choices": [{"index": 0, "message": {}, "finish_reason": "stop"}],
+    },
     # garbage stays garbage
     "numbers": _answer([1, 2]),
     "unknownpart": _answer([{"type": "image_url", "image_url": {"url": "http://x"}}]),
@@ -91,8 +107,8 @@ STREAMS: dict[str, list[bytes]] = {
         _chunk({"content": [{"type": "audio", "data": "x"}]}, "stop"),
     ],
 }
-GOOD = ["parts", "thinkingstr", "reference"]
-BAD = ["numbers", "unknownpart", "badtext", "badthinking", "untyped"]
+GOOD = ["parts", "thinkingstr", "reference", "filtered"]
+BAD = ["numbers", "unknownpart", "badtext", "badthinking", "untyped", "emptystop"]
 # Error bodies quoting a key percent-encoded, each as a provider or its proxy writes it.
 LEAKS: dict[str, str] = {
     "dash": "Incorrect API key provided: " + KEY.replace("-", "%2D") + ".",
@@ -253,6 +269,25 @@ def test_a_streamed_part_list_of_anything_else_breaks_the_stream(
     # The first chunk was good (sent): the bad one ends the stream with an error event.
     assert r.status_code == 200
     assert b'"error"' in r.content and b"[1]" not in r.content and b"audio" not in r.content
+
+
+def test_a_filtered_answer_without_content_is_the_answer(gw: GatewayServer) -> None:
+    """Azure answers a completion its content filters stopped with a message holding no content:
+    the provider's verdict, relayed (not a broken answer retried elsewhere, nor a 502)."""
+    r = httpx.post(gw.base_url + "/chat/completions", json={"model": "filtered", "messages": MSG})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "content_filter" and choice["message"] == {
+        "role": "assistant"
+    }
+    answer = _oa(gw).chat.completions.create(model="filtered", messages=MSG)  # type: ignore[arg-type]
+    assert answer.choices[0].finish_reason == "content_filter"
+    assert answer.choices[0].message.content is None
+    client = anthropic.Anthropic(base_url=gw.url, api_key="x", max_retries=0)
+    msg = client.messages.create(model="filtered", max_tokens=5, messages=MSG)  # type: ignore[arg-type]
+    assert msg.stop_reason == "refusal" and msg.content == []
+    resp = _oa(gw).responses.create(model="filtered", input="hi")
+    assert resp.output_text == ""
 
 
 # -- keys quoted percent-encoded -----------------------------------------------------------------
