@@ -301,7 +301,13 @@ class Cache:
         assert plan.semantic is not None
         ctx = call.ctx
         upstream = asyncio.ensure_future(next(call))
-        await asyncio.wait({upstream, lookup}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            await asyncio.wait({upstream, lookup}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            # The request was cancelled (its client left): `wait` does not pass that on to
+            # the call it waits on, which went on upstream with no one to answer.
+            upstream.cancel()
+            raise
         if not upstream.done():
             found = self.semantic.late_result(plan.semantic)
             if found is not None:
