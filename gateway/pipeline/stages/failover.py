@@ -68,6 +68,15 @@ async def _try(send: Send[T], attempt: Attempt) -> T:
     return result
 
 
+def _telling(last: UpstreamFailure | None, f: UpstreamFailure) -> UpstreamFailure:
+    """The failure the client is told about: the latest, except that a member that could not
+    express the request (`unsupported`, nothing sent) never hides a member that could and failed
+    (a 503 must not become a 400 "no provider can serve this" because of the order tried)."""
+    if f.kind == "unsupported" and last is not None and last.kind != "unsupported":
+        return last
+    return f.with_traceback(None)  # kept: its frames would hold the attempt
+
+
 async def _discard(result: Any) -> None:
     """Free what a losing attempt holds (an open stream's connection)."""
     if isinstance(result, UpstreamStream):
@@ -237,19 +246,20 @@ class Failover:
                 number += extra
                 if not isinstance(won, UpstreamFailure):
                     return won
-                last = won
+                failed = won
             else:
                 attempt = candidates.attempt(member)
                 try:
                     result = await _try(send, attempt)
                 except UpstreamFailure as f:
-                    last = f.with_traceback(None)  # kept: its frames would hold this one
+                    failed = f.with_traceback(None)  # kept: its frames would hold this one
                     self._client_error(snap, member, f, ctx)
                 else:
                     if hedge.enabled:
                         self.hedges.observe(pool, attempt.elapsed_s)
                     return result, attempt
-            if not await self._next_attempt(retrier, number, last):
+            last = _telling(last, failed)
+            if not await self._next_attempt(retrier, number, failed):  # this failure decides
                 break
         raise exhausted(last, candidates)
 
@@ -305,7 +315,7 @@ class Failover:
                     try:
                         result = task.result()
                     except UpstreamFailure as f:
-                        last = f.with_traceback(None)
+                        last = _telling(last, f)
                         self._client_error(snap, attempt.member, f, ctx)
                         continue
                     ctx.pool, ctx.provider = pool, attempt.member.name
