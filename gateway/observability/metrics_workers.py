@@ -82,6 +82,40 @@ def _encode(registry: CollectorRegistry) -> bytes:
     return orjson.dumps({"pid": os.getpid(), "families": families})
 
 
+_KINDS = frozenset(
+    {"counter", "gauge", "histogram", "summary", "gaugehistogram", "info", "stateset", "unknown"}
+)
+
+
+def _valid(doc: object) -> bool:
+    """A worker snapshot as `_encode` writes it. Anything else in the folder (a file of another
+    version, a truncated or foreign one) is skipped: one such file made every scrape a 500."""
+    if not isinstance(doc, dict):
+        return False
+    pid, families = doc.get("pid"), doc.get("families")
+    if type(pid) is not int or pid <= 0 or not isinstance(families, list):
+        return False
+    for family in families:
+        if not (isinstance(family, list) and len(family) == 4):
+            return False
+        name, kind, documentation, samples = family
+        if not (isinstance(name, str) and kind in _KINDS and isinstance(documentation, str)):
+            return False
+        if not isinstance(samples, list):
+            return False
+        for sample in samples:
+            if not (isinstance(sample, list) and len(sample) == 3):
+                return False
+            sname, labels, value = sample
+            if not (isinstance(sname, str) and isinstance(labels, dict)):
+                return False
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+                return False
+            if type(value) not in (int, float):
+                return False
+    return True
+
+
 class _Merged(Collector):
     def __init__(self, families: list[Metric]) -> None:
         self.families = families
@@ -162,14 +196,20 @@ class WorkerMetrics:
             await asyncio.sleep(self.interval_s)
 
     def render(self) -> bytes:
-        self.snapshot()
+        try:
+            self.snapshot()
+        except OSError as e:  # this worker's figures are then its last snapshot's
+            log.warning("metrics snapshot not written (%s)", e)
         snapshots = []
         for f in sorted(self.directory.glob(PREFIX + "*.json")):
             try:
                 doc = orjson.loads(f.read_bytes())
             except (OSError, orjson.JSONDecodeError):
                 continue  # removed or replaced meanwhile
-            doc["live"] = f == self.path or _alive(int(doc.get("pid", 0)))
+            if not _valid(doc):
+                log.warning("metrics: %s is not a worker snapshot; skipped", f.name)
+                continue
+            doc["live"] = f == self.path or _alive(doc["pid"])
             snapshots.append(doc)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Merged(merge(snapshots)))
