@@ -62,7 +62,7 @@ def test_client_gone_before_a_non_streamed_answer_is_charged_and_counted(
     monkeypatch,
     access_log: AccessLines,
 ) -> None:
-    """The official client gives up (timeout) while the slow provider decodes 400 tokens: the
+    """The official client gives up (timeout) while the slow provider decodes 480 tokens: the
     request is recorded once as 499, charged its prompt estimate, and its reservation (prompt plus
     max_tokens) stays counted against tokens per minute; it was free and refunded whole."""
     monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
@@ -74,14 +74,14 @@ def test_client_gone_before_a_non_streamed_answer_is_charged_and_counted(
             client.chat.completions.create(
                 model="slow",
                 messages=[{"role": "user", "content": f"a long story {i}"}],
-                max_tokens=400,
+                max_tokens=480,
             )
     poll(lambda: len([c for c in gw.seen if c.status == 499]) == 2)
-    # Two reservations of about 410 tokens fit in 1,000 a minute; a third does not (the two
+    # Two reservations of about 490 tokens fit in 1,000 a minute; a third does not (the two
     # were given back whole before, less their prompts).
     with pytest.raises(openai.RateLimitError):
         client.with_options(timeout=10).chat.completions.create(
-            model="slow", messages=[{"role": "user", "content": "again"}], max_tokens=400
+            model="slow", messages=[{"role": "user", "content": "again"}], max_tokens=480
         )
     cut = [c for c in gw.seen if c.status == 499]
     for ctx in cut:
