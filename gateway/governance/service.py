@@ -86,6 +86,8 @@ class Ticket:
     usage: tuple[int, int] | None = None  # (prompt, completion) seen in a stream
     fair_pool: str | None = None  # counted in this pool's fair share
     near_budget: bool = False  # budgeted: its spend is written at once, not at the next interval
+    held_keys: list[str] = field(default_factory=list)  # budgets its estimated cost is held on
+    held_cost: int = 0  # nano-USD: the estimate (prompt + expected output at the chain's price)
 
     def take_usage(self, usage: object) -> None:
         """The usage member of a stream's chunk (or of its assembled answer)."""
@@ -134,6 +136,10 @@ class GovernanceService:
         self._configured: Governance | None = None
         self._resolved: dict[tuple[str, str, float], Resolved] = {}
         self._bkeys: dict[tuple[str, str, int], list[str]] = {}
+        # Budget key -> estimated cost (nano-USD) of this process's admitted requests not yet
+        # recorded: a budget admits while its spend plus these is under it, so concurrent
+        # requests overshoot it by about one request's cost, not by all of them.
+        self.in_flight_cost: dict[str, int] = {}
 
     async def start(self, settings: Governance) -> None:
         self.configure(settings)
@@ -269,8 +275,40 @@ class GovernanceService:
                 self._undo(wants, ticket.slots)
                 raise
         self._watch(g, acc, ticket)
+        self._hold(snap, decision, ticket)
         ctx.governance = ticket
         self.stats.admitted(p.tenant, p.key_id)
+
+    def _hold(self, snap: Snapshot, decision: Decision, ticket: Ticket) -> None:
+        """Hold the request's estimated cost on its budgets until it is recorded."""
+        if not ticket.held_keys:
+            return
+        hi_in = hi_out = 0.0
+        for pool in decision.chain:
+            for name in snap.policy.pools[pool].members:
+                provider = snap.providers.get(name)
+                if provider is not None:
+                    price = provider.config.price
+                    hi_in = max(hi_in, price.input_per_1m)
+                    hi_out = max(hi_out, price.output_per_1m)
+        est = cost_nano(decision.prompt_tokens, decision.expected_output_tokens, hi_in, hi_out)
+        if est <= 0:
+            ticket.held_keys = []
+            return
+        ticket.held_cost = est
+        held = self.in_flight_cost
+        for bk in ticket.held_keys:
+            held[bk] = held.get(bk, 0) + est
+
+    def _release(self, ticket: Ticket) -> None:
+        held = self.in_flight_cost
+        for bk in ticket.held_keys:
+            left = held.get(bk, 0) - ticket.held_cost
+            if left > 0:
+                held[bk] = left
+            else:
+                held.pop(bk, None)
+        ticket.held_keys = []
 
     @staticmethod
     def _watch(g: Governance, acc: ParsedRequest, ticket: Ticket) -> None:
@@ -345,8 +383,19 @@ class GovernanceService:
                     period_end(period, now) - now,
                     {"x-gateway-budget": "exceeded"},
                 )
+            if spent + self.in_flight_cost.get(bk, 0) >= usd * NANO:
+                # Not spent yet, but the requests in flight may spend the rest: a retry in a
+                # moment is judged on what they cost (the SDKs retry this one, unlike the above).
+                self.stats.refused(ticket.principal.tenant, ticket.principal.key_id, "budget")
+                raise rate_limited(
+                    f"Requests in flight may spend what is left of {scope}'s budget of "
+                    f"${usd:g} per {period}: retry in 1s.",
+                    1.0,
+                    {"x-gateway-budget": "in-flight"},
+                )
             if spent >= usd * soft * NANO:
                 soft_hit = (scope, period, usd)
+        ticket.held_keys = [bk for *_, bk in checks]
         if soft_hit is None:
             return
         scope, period, usd = soft_hit
@@ -386,6 +435,8 @@ class GovernanceService:
         if t is None:
             return
         ctx.governance = None  # once
+        if t.held_keys:
+            self._release(t)
         if t.fair_pool is not None:
             self.fair.leave(t.fair_pool, t.principal.tenant)
         if t.slots:
