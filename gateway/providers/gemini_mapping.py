@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 
 from gateway.providers.common import (
+    TRANSIENT_4XX,
     ChunkWriter,
     TranslationError,
     add_turn,
@@ -360,7 +361,7 @@ def map_error(status: int, body: bytes) -> MappedError:
         kind = "upstream_auth"
     elif status == 429:
         kind = "rate_limited"
-    elif status >= 500:
+    elif status >= 500 or status in TRANSIENT_4XX:
         kind = "upstream_5xx"
     else:
         kind = "upstream_4xx"

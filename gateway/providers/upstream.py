@@ -24,6 +24,7 @@ import aiohttp
 import yarl
 
 from gateway.policy.schema import Provider, Timeouts
+from gateway.providers.common import TRANSIENT_4XX
 from gateway.resilience import failures
 from gateway.wire.answer_checks import InvalidAnswer, first_event_complete, is_event_stream
 
@@ -112,7 +113,7 @@ def _status_failure(
         return UpstreamFailure(
             "upstream_auth", f"provider answered {resp_status}", status=resp_status, body=body
         )
-    kind = "upstream_5xx" if resp_status >= 500 else "upstream_4xx"
+    kind = "upstream_5xx" if resp_status >= 500 or resp_status in TRANSIENT_4XX else "upstream_4xx"
     return UpstreamFailure(
         kind, f"provider answered {resp_status}", status=resp_status, body=body, headers=fwd
     )
