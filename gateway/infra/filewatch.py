@@ -4,8 +4,10 @@
 than write in place, and a Kubernetes ConfigMap volume swaps its `..data` symlink to a new
 timestamped folder, so the events name `..data` or a temporary file, never the watched file
 (whose own symlink does not change). Events are debounced; with a `signature` (what the watched
-path resolves to now), `on_change` runs only when it differs from the last one seen, otherwise
-on every batch of events. `on_change` decides what a bad file means (the users keep their
+path resolves to now), `on_change` runs only when it differs from the last one seen, and the
+signature is also compared every second without events (a folder deleted and made again, or a
+symlinked parent pointed elsewhere, sends no event the watch can see); without one, on every
+batch of events. `on_change` decides what a bad file means (the users keep their
 running configuration); an exception it raises is logged and the watch goes on.
 """
 
@@ -85,15 +87,21 @@ class FileWatch:
             else None
         )
         try:
-            async for _changes in awatch(
+            async for changes in awatch(
                 self.folder,
                 stop_event=self._stop,
                 debounce=self._debounce_ms,
                 step=50,
                 rust_timeout=1000,
+                # Every second without events too: with a signature, the path is compared then.
+                # Events stop for good when the folder itself is replaced (deleted and made
+                # again, or a symlinked parent pointed elsewhere): the watch stays on the old one.
+                yield_on_timeout=self._signature is not None,
                 recursive=self._recursive,
                 force_polling=self._polling,
             ):
+                if not changes and self._signature is None:
+                    continue
                 if self._signature is not None:
                     now = self._signature()
                     if now == seen:
