@@ -21,16 +21,28 @@ AdminKey = Annotated[
 
 
 def _call(method: str, url: str, path: str, admin_key: str | None, body: Any = None) -> None:
+    if admin_key is not None and not (admin_key.isascii() and admin_key.isprintable()):
+        # Said without the key: a traceback would show it (httpx cannot send it anyway).
+        typer.echo("the admin key must be printable ASCII", err=True)
+        raise typer.Exit(2)
     headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
     try:
         r = httpx.request(method, url.rstrip("/") + path, json=body, headers=headers, timeout=10)
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, httpx.InvalidURL) as e:
         typer.echo(f"cannot reach {url}: {e}", err=True)
         raise typer.Exit(2) from None
     if r.status_code >= 400:
         typer.echo(r.text, err=True)
         raise typer.Exit(1)
-    typer.echo(orjson.dumps(r.json(), option=orjson.OPT_INDENT_2).decode())
+    try:
+        doc = r.json()
+    except ValueError:
+        # Not the gateway's admin API (a proxy's page, another server): said, not a traceback.
+        typer.echo(
+            f"{url} did not answer JSON (HTTP {r.status_code}): is it the gateway?", err=True
+        )
+        raise typer.Exit(1) from None
+    typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
 
 
 @keys_app.command("create")
