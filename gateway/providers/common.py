@@ -20,12 +20,6 @@ _CONTEXT_OVERFLOW = re.compile(
 )
 
 
-# 4xx statuses that say the provider (or a proxy before it) failed for now, not that the request
-# is wrong: 408 Request Timeout, 409 Conflict, 425 Too Early (what the OpenAI SDKs retry too).
-# Another member, or the same one later, answers the same request: retried, never relayed.
-TRANSIENT_4XX = frozenset({408, 409, 425})
-
-
 class TranslationError(ValueError):
     """A chat request that the provider's API cannot express; `param` names the offending field."""
 

@@ -31,7 +31,6 @@ from typing import Any
 import orjson
 
 from gateway.providers.common import (
-    TRANSIENT_4XX,
     ChunkWriter,
     TranslationError,
     add_turn,
@@ -43,6 +42,7 @@ from gateway.providers.common import (
     unsupported_role,
     usage,
 )
+from gateway.providers.upstream import TRANSIENT_4XX
 from gateway.wire.sse import SSESplitter, event_data
 
 _DATA_URL = re.compile(

@@ -24,7 +24,6 @@ import aiohttp
 import yarl
 
 from gateway.policy.schema import Provider, Timeouts
-from gateway.providers.common import TRANSIENT_4XX
 from gateway.resilience import failures
 from gateway.wire.answer_checks import InvalidAnswer, first_event_complete, is_event_stream
 
@@ -34,6 +33,10 @@ from gateway.wire.answer_checks import InvalidAnswer, first_event_complete, is_e
 _RATELIMIT_PREFIX = "x-ratelimit-"
 # A provider answering 400/422 that it does not know the (mapped) model: the member's fault.
 _MODEL_NOT_FOUND = re.compile(rb"(?i)model_not_found|model\W[^.]{0,120}?(does not exist|not found)")
+# 4xx statuses that say the provider (or a proxy before it) failed for now, not that the request
+# is wrong: 408 Request Timeout, 409 Conflict, 425 Too Early (what the OpenAI SDKs retry too).
+# Another member, or the same one later, answers the same request: retried, never relayed.
+TRANSIENT_4XX = frozenset({408, 409, 425})
 # Kept pooled connections are closed after this long unused.
 KEEPALIVE_S = 30.0
 
