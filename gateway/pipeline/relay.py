@@ -276,11 +276,14 @@ class StreamRelay:
             body["max_tokens"] = remaining
         self.resumed_from = self.ctx.provider
         self.ctx.resumed = True
+        tried = self.ctx.attempts
         try:
             return await self.f.open_stream(
                 self.snap, body, self.decision.alias_name, "chat", self.candidates, self.ctx
             )
         except (GatewayError, PassThrough):
+            if self.ctx.attempts == tried:  # no member was left to resume on: not a retry
+                retrier.budget.refund()
             return None
 
     def _splice(self, ev: bytes) -> bytes | None:

@@ -57,6 +57,12 @@ class RetryBudget:
         self._window.add(1)
         return True
 
+    def refund(self) -> None:
+        """Give back a token `try_spend` reserved for a retry that was not made after all (no
+        member was left to try)."""
+        if self._window.totals()[1] > 0:
+            self._window.add(1, -1)
+
     def counts(self) -> tuple[int, int]:
         """(requests, retries) currently in the window, for metrics and tests."""
         requests, retries = self._window.totals()

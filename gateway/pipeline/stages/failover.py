@@ -237,30 +237,38 @@ class Failover:
         retrier = self.retrier(snap)
         last: UpstreamFailure | None = None
         number = 0
-        async for member in candidates:
-            number += 1
-            hedge = snap.pools[ctx.pool].config.hedge
-            pool = ctx.pool
-            if hedge.enabled and number == 1:
-                won, extra = await self._race(snap, candidates, ctx, send, member)
-                number += extra
-                if not isinstance(won, UpstreamFailure):
-                    return won
-                failed = won
-            else:
-                attempt = candidates.attempt(member)
-                try:
-                    result = await _try(send, attempt)
-                except UpstreamFailure as f:
-                    failed = f.with_traceback(None)  # kept: its frames would hold this one
-                    self._client_error(snap, member, f, ctx)
+        owed = False  # a retry token was spent for the next attempt, not made yet
+        try:
+            async for member in candidates:
+                owed = False
+                number += 1
+                hedge = snap.pools[ctx.pool].config.hedge
+                pool = ctx.pool
+                if hedge.enabled and number == 1:
+                    won, extra = await self._race(snap, candidates, ctx, send, member)
+                    number += extra
+                    if not isinstance(won, UpstreamFailure):
+                        return won
+                    failed = won
                 else:
-                    if hedge.enabled:
-                        self.hedges.observe(pool, attempt.elapsed_s)
-                    return result, attempt
-            last = _telling(last, failed)
-            if not await self._next_attempt(retrier, number, failed):  # this failure decides
-                break
+                    attempt = candidates.attempt(member)
+                    try:
+                        result = await _try(send, attempt)
+                    except UpstreamFailure as f:
+                        failed = f.with_traceback(None)  # kept: its frames would hold this one
+                        self._client_error(snap, member, f, ctx)
+                    else:
+                        if hedge.enabled:
+                            self.hedges.observe(pool, attempt.elapsed_s)
+                        return result, attempt
+                last = _telling(last, failed)
+                owed = failed.kind != "unsupported"  # spent below when it says yes
+                if not await self._next_attempt(retrier, number, failed):  # this failure decides
+                    owed = False
+                    break
+        finally:
+            if owed:  # no member was left to retry on (or the wait for one ended): not a retry
+                self.budget.refund()
         raise exhausted(last, candidates)
 
     @staticmethod
