@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from gateway.policy.schema import Policy
 
 log = logging.getLogger("gateway.policy")
 CHANNEL = "policy"
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class PolicyReloader:
@@ -58,6 +61,8 @@ class PolicyReloader:
         self._tasks: list[asyncio.Task[Any]] = []
         self._watch: FileWatch | None = None
         self._sub: Subscription | None = None
+        self.ignored_signals = 0  # reload signals not of the replicas' shape
+        self._last_differs_log = float("-inf")
 
     def _read(self) -> tuple[str, Policy]:
         """Read and validate the file (runs in a worker thread: YAML and validation are CPU)."""
@@ -149,29 +154,48 @@ class PolicyReloader:
                 await t
 
     async def on_signal(self, data: object) -> None:
-        """Another replica reloaded: re-read our own file. Nothing in the message is applied."""
+        """Another replica reloaded: re-read our own file. Nothing in the message is applied.
+
+        Only a message of the shape replicas publish counts (an origin of at most 200 printable
+        characters, a SHA-256 in hex); anything else is dropped unread. The warning about a
+        file that differs is logged at most every 10 s (a flood of signals must not flood the
+        log)."""
         if self.path is None or not isinstance(data, (bytes, str)) or len(data) > 4096:
             return
         try:
             msg = orjson.loads(data)
         except orjson.JSONDecodeError:
             return
-        if not isinstance(msg, dict) or msg.get("origin") == self.replica_id:
+        if not isinstance(msg, dict):
             return
-        announced = msg.get("sha256")
+        origin, announced = msg.get("origin"), msg.get("sha256")
+        if not (
+            isinstance(origin, str)
+            and 0 < len(origin) <= 200
+            and origin.isprintable()
+            and isinstance(announced, str)
+            and SHA256_HEX.fullmatch(announced)
+        ):
+            self.ignored_signals += 1
+            return
+        if origin == self.replica_id:
+            return
         try:
             own = text_hash(await asyncio.to_thread(read_policy_text, self.path))
         except PolicyError as e:
             log.error("reload signal: cannot read %s: %s", self.path, e)
             return
-        if isinstance(announced, str) and own != announced:
-            log.warning(
-                "reload signal from %s names a policy file this replica does not have "
-                "(sha256 %s..., ours %s...); reloading our own file",
-                str(msg.get("origin"))[:200],
-                announced[:12],
-                own[:12],
-            )
+        if own != announced:
+            now = time.monotonic()
+            if now - self._last_differs_log >= 10.0:
+                self._last_differs_log = now
+                log.warning(
+                    "reload signal from %s names a policy file this replica does not have "
+                    "(sha256 %s..., ours %s...); reloading our own file",
+                    origin,
+                    announced[:12],
+                    own[:12],
+                )
         if own != self.file_hash:
             await self.reload(publish=False, reason=" after a reload signal")
 
