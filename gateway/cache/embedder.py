@@ -46,6 +46,11 @@ class Embedder(Protocol):
         """Tokens the model would see before truncation (to refuse texts it would cut)."""
         ...
 
+    def unknown_pieces(self, text: str) -> tuple[str, ...]:
+        """The parts of `text` the vocabulary has no piece for, in order: each is one [UNK]
+        token to the model, so texts that differ only there get the same vector."""
+        ...
+
 
 def _model_dir() -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -93,6 +98,13 @@ class TorchEmbedder:
         ids = self._model.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         return len(ids)
 
+    def unknown_pieces(self, text: str) -> tuple[str, ...]:
+        tok = self._model.tokenizer
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        unk = tok.unk_token_id
+        pairs = zip(enc["input_ids"], enc["offset_mapping"], strict=True)
+        return tuple(text[a:b] for i, (a, b) in pairs if i == unk)
+
 
 class OnnxEmbedder:
     """The same model on onnxruntime (no torch), ~216 MB RSS.
@@ -138,6 +150,7 @@ class OnnxEmbedder:
         self._counter = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
         self._counter.no_truncation()
         self._counter.no_padding()
+        self._unk = self._counter.token_to_id("[UNK]")
 
     def embed(self, texts: list[str]) -> np.ndarray:
         # One model call per text. The int8 model quantises activations with one scale per
@@ -156,6 +169,11 @@ class OnnxEmbedder:
 
     def count_tokens(self, text: str) -> int:
         return len(self._counter.encode(text).ids)
+
+    def unknown_pieces(self, text: str) -> tuple[str, ...]:
+        enc = self._counter.encode(text)
+        unk = self._unk
+        return tuple(text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets, strict=True) if i == unk)
 
 
 def onnx_available() -> bool:

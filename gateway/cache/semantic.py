@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 Outcome = Literal["hit", "miss", "rejected", "skipped"]
 _MEMO_ENTRY_BYTES = 4 * 384 + 200  # a memoised vector, its key reference and LRU slot
+#: The tokenizer's longest word (`max_input_chars_per_word`); a longer one is one [UNK] token.
+_LONGEST_WORD = 100
 
 
 def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
@@ -265,6 +267,16 @@ class SemanticCache:
         candidates = [(sim, entry) for sim, entry in found if sim >= limit]
         if not candidates:
             return SemanticLookup("miss", similarity=best, vector=vector)
+        # Parts the model's vocabulary cannot read are one [UNK] token each: "What does 😀
+        # mean?" and "What does 😭 mean?", or two Thai questions, got one vector (cosine 1.0)
+        # and were served each other's answers. A candidate must have the same unreadable
+        # parts as the question, in the same order.
+        unknown = self._unknown(text)
+        candidates = [(sim, e) for sim, e in candidates if self._unknown(e.text) == unknown]
+        if not candidates:
+            return SemanticLookup(
+                "rejected", reason="unknown_tokens", similarity=best, vector=vector
+            )
         chosen: tuple[float, Entry] | None = None
         reason = "verifier"
         if self.verifier is not None:
@@ -291,6 +303,14 @@ class SemanticCache:
         self.index.touch(entry.entry_id)
         hit = SemanticHit(entry.entry_id, sim, entry.response, entry.text)
         return SemanticLookup("hit", hit, similarity=sim, vector=vector)
+
+    def _unknown(self, text: str) -> tuple[str, ...]:
+        """The parts of `text` the model reads as [UNK] (`Embedder.unknown_pieces`). Every
+        printable ASCII character is in the vocabulary: an ASCII text has one only in a word
+        longer than the tokenizer reads (100 characters), so most texts need no tokenizing."""
+        if text.isascii() and max(map(len, text.split()), default=0) <= _LONGEST_WORD:
+            return ()
+        return self.worker.embedder.unknown_pieces(text)
 
     def _over_length(self, text: str) -> bool:
         """More tokens than the model sees: the rest would be cut off, and texts differing
