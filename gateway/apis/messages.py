@@ -667,10 +667,11 @@ class MessageStream:
         """A tool block's input when its arguments were no JSON object (text, a list): sent
         whole at its end as the unary answer has it (`_raw_arguments`), never streamed as
         they came (an Anthropic SDK fails on them)."""
-        state = self._inputs.pop(i, None)
+        state = self._inputs.get(i)  # kept: a call's arguments may go on after its block
         if state is None or state.sent or state.prefix.ok:
             return []
         args = orjson.dumps(_tool_input("".join(state.parts))).decode()
+        state.sent, state.parts = True, []  # nothing can follow it
         return [self._delta(i, {"type": "input_json_delta", "partial_json": args})]
 
     def _open(self, block: dict[str, Any]) -> list[bytes]:

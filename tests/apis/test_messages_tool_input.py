@@ -67,10 +67,21 @@ CASES: dict[str, tuple[list[list[str]], list[Any]]] = {
         [{"a": [1, {"b": None}], "c": -25.0}],
     ),
     "empty": ([[""]], [{}]),
+    "interleaved": ([], [{"a": 1}, {"a": 2}]),
 }
 
 
 def _stream(mode: str) -> list[bytes]:
+    if mode == "interleaved":  # two calls whose argument pieces alternate
+        return [
+            _chunk({"role": "assistant", "content": None}),
+            _call(0, '{"a"', "f"),
+            _call(1, '{"a": 2', "f"),
+            _call(0, ": 1}"),
+            _call(1, "}"),
+            _chunk({}, "tool_calls"),
+            b"data: [DONE]\n\n",
+        ]
     calls, _ = CASES[mode]
     events = [_chunk({"role": "assistant", "content": None})]
     for i, pieces in enumerate(calls):
