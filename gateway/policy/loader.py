@@ -160,6 +160,14 @@ def _interpolate(
             problems.error(path, f"environment variable {name} is not set")
             return ""
 
+        if "${" in ENV_REF.sub(lambda m: "${" if "${" in (m.group(2) or "") else "", node):
+            # Unclosed, nested (${A:-${B}}) or shell forms (${A-x}, ${A:=x}) were kept as
+            # literal text: a model id or header value "${B}" sent upstream.
+            problems.error(
+                path,
+                "holds a '${' that is not a variable reference: write ${VAR} or "
+                "${VAR:-default} (no nesting)",
+            )
         return ENV_REF.sub(repl, node)
     if isinstance(node, dict):
         return {
