@@ -178,6 +178,12 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         # The head of a request that asked for a protocol upgrade, rebuilt without the request
         # (the gateway upgrades to nothing: the request is served over HTTP/1.1).
         self._plain_head: bytes | None = None
+        # Chunked framing without data: bytes of whole reads in a body that brought no body byte
+        # (chunk lines, extensions, trailers), and where in the chunks the parser is.
+        self._framing_bytes = 0
+        self._body_progress = False  # this read brought body bytes
+        self._chunk_open = False  # a chunk header was read and its chunk has not ended
+        self._chunk_data = False  # ... and it had data (the last chunk has none: trailers)
 
     # -- timers ---------------------------------------------------------------------------------
 
@@ -375,9 +381,22 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             self._request_bytes = True
         in_head, in_body, heads = self._head_open, self._reading_body, self._heads
         self._read_len = len(data)
+        self._body_progress = False
         self._feed(data)
-        if self.transport.is_closing():
-            return  # answered (an unparsable request) or closed
+        if self.transport.is_closing() or self._refused:
+            return  # answered (an unparsable request), refused or closed
+        if in_body and self._reading_body:
+            # Reads that bring no body byte can only be chunk lines, extensions or trailers: the
+            # parser reads them without a bound (a trailer line of 100 MB was buffered and
+            # copied over and over, quadratic), so they are bounded like a head.
+            if self._body_progress:
+                self._framing_bytes = 0
+            else:
+                self._framing_bytes += len(data)
+                if self._framing_bytes > MAX_HEAD_BYTES:
+                    self._trailers_too_large = self._chunk_open and not self._chunk_data
+                    self.send_400_response("chunked framing too large")
+                    return
         if self._head_open:
             # A head is still incomplete after this read: count its bytes, whole reads only (a
             # head ends in the read that completes it, so a complete request costs nothing).
@@ -406,6 +425,8 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._head_open = True
         self._head_bytes = 0
         self._trailer_bytes = 0
+        self._framing_bytes = 0
+        self._chunk_open = self._chunk_data = False
         self._heads += 1
         super().on_message_begin()
 
@@ -496,6 +517,16 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if type(cycle) is RequestResponseCycle:
             # Same object, the body-timeout aware receive (no allocation, no reference cycle).
             cycle.__class__ = _Cycle
+
+    def on_chunk_header(self) -> None:
+        self._chunk_open, self._chunk_data = True, False
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_open = False
+
+    def on_body(self, body: bytes) -> None:
+        self._body_progress = self._chunk_data = True
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         if self._plain_head is not None:

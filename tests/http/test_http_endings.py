@@ -165,6 +165,62 @@ def test_a_malformed_chunked_body_is_a_400_in_the_apis_shape(
     assert "chunked" in err["message"]
 
 
+@pytest.mark.parametrize(
+    ("framing", "status"),
+    [
+        (b"%x\r\n%s\r\n0\r\nX-T: " % (len(BODY), BODY), 431),  # one trailer line that never ends
+        (b"%x\r\n%s\r\n0\r\n" % (len(BODY), BODY) + b"X: 1\r\n" * 20_000, 431),  # many
+        (b"5;ext=", 400),  # a chunk extension that never ends
+        (b"%x\r\n%s\r\n00000" % (len(BODY), BODY), 400),  # a chunk size of endless zeros
+    ],
+)
+def test_chunked_framing_without_data_is_bounded_like_a_head(
+    gw: GatewayServer, access_log: AccessLines, framing: bytes, status: int
+) -> None:
+    """Chunk lines, extensions and trailers bring no body byte: they were read without a bound
+    until the body timeout (a 100 MB trailer line was buffered and copied over and over, 3 MB/s
+    of CPU); beyond a head's size they are refused at once, in the API's shape."""
+    request_id = f"framing-{time.monotonic_ns()}"
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+    head = chunked_head().replace(
+        b"\r\n\r\n", b"\r\nx-request-id: %s\r\n\r\n" % request_id.encode()
+    )
+    start = time.monotonic()
+    out = b""
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        s.sendall(head + framing)
+        filler = (
+            framing[-1:] * 65536
+            if status == 400 or framing.endswith(b"X-T: ")
+            else b"Y: 2\r\n" * 9000
+        )
+        for _ in range(200):  # up to ~13 MB more of the same
+            s.sendall(filler)
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := s.recv(65536):
+            out += chunk
+    s.close()
+    assert time.monotonic() - start < 5  # not the 30 s body timeout
+    answers = responses(out)
+    assert [a[0] for a in answers] == [status], out[:300]
+    assert answers[0][1]["x-request-id"] == request_id
+    recorded_once(gw, access_log, request_id, status)
+
+
+def test_a_chunked_body_sent_a_byte_at_a_time_is_served(gw: GatewayServer) -> None:
+    data = chunked_head() + b"".join(b"1\r\n%c\r\n" % c for c in BODY) + b"0\r\nX-T: 1\r\n\r\n"
+    s = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for i in range(len(data)):
+        s.send(data[i : i + 1])
+    s.shutdown(socket.SHUT_WR)
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    s.close()
+    assert [a[0] for a in responses(out)] == [200]
+
+
 def test_a_good_chunked_body_with_small_trailers_is_still_served(gw: GatewayServer) -> None:
     data = chunked_head() + b"%x\r\n%s\r\n0\r\nX-T: 1\r\n\r\n" % (len(BODY), BODY)
     answers = responses(exchange(data, half_close=True))
