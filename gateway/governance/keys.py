@@ -41,6 +41,9 @@ M = TypeVar("M", bound=BaseModel)
 KEY_PREFIX = "sk-gw-"
 _ID = re.compile(r"^mk_[0-9a-f]{16}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# What new_secret makes: the prefix and token_urlsafe(32), 43 characters.
+_SECRET = re.compile(r"^sk-gw-[A-Za-z0-9_-]{43}$")
+LOOKUPS_PER_S = 20
 # Unix times up to 9999-12-31 (datetime can show them); durations up to a century.
 MAX_TIME = 253_402_300_799.0
 MAX_DURATION_S = 100 * 365 * 86400.0
@@ -208,6 +211,9 @@ class KeyStore:
         self._sub: Subscription | None = None
         self._task: asyncio.Task[None] | None = None
         self._misses: dict[str, float] = {}  # unknown hashes looked up recently (bounded)
+        self._lookup_window = 0.0
+        self._lookups = 0  # Redis lookups of unknown keys in the current second
+        self.lookups_skipped = 0
         self.refresh_s = 30.0
         self.events_applied = 0
         self.malformed = 0  # records in Redis that did not validate (skipped)
@@ -245,10 +251,21 @@ class KeyStore:
         if rec is not None or not self.state.enabled:
             return rec
         # Not mirrored yet (created a moment ago on another replica?): ask Redis, at most once a
-        # second per unknown key, so a flood of bad keys cannot turn into a flood of Redis calls.
+        # second per unknown key and LOOKUPS_PER_S times a second in all, and only for what has
+        # the shape of a secret we make, so a flood of bad keys (each one different) cannot turn
+        # into a flood of Redis calls. A key refused meanwhile arrives by the channel in
+        # milliseconds and passes at the client's retry.
         now = time.monotonic()
         if now - self._misses.get(h, -10.0) < 1.0 or now - self._synced_at < 0.2:
             return None
+        if not _SECRET.match(plaintext):
+            return None
+        if now - self._lookup_window >= 1.0:
+            self._lookup_window, self._lookups = now, 0
+        if self._lookups >= LOOKUPS_PER_S:
+            self.lookups_skipped += 1
+            return None
+        self._lookups += 1
         if len(self._misses) > 10_000:
             self._misses.clear()
         self._misses[h] = now
