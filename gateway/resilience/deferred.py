@@ -44,6 +44,12 @@ class ReplaySettings(BaseModel):
     prefix: str = Field(default="gateway", min_length=1, description="Key prefix in Redis.")
     result_ttl_s: int = Field(default=86_400, ge=1, description="How long results stay fetchable.")
     max_len: int = Field(default=10_000, ge=1, description="Queued + in-progress requests at most.")
+    max_local_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1,
+        description="In-process queue (no Redis, or Redis down): request bodies held at most, "
+        "and the same again for stored answers (the oldest answers are dropped first).",
+    )
     claim_idle_ms: int = Field(
         default=30_000, ge=1, description="A held entry idle this long is orphaned."
     )
@@ -265,7 +271,9 @@ def _entry(entry_id: Any, fields: dict[Any, Any]) -> ReplayEntry | None:
 
 
 class MemoryReplayQueue:
-    """Single-process stand-in with the same API, bounded in entries and results."""
+    """Single-process stand-in with the same API, bounded in entries and results, and in
+    bytes (request bodies held, answers stored): a burst of large requests queued during an
+    outage must not grow the process without bound."""
 
     def __init__(
         self, settings: ReplaySettings | None = None, clock: Callable[[], float] = time.monotonic
@@ -277,17 +285,24 @@ class MemoryReplayQueue:
         self._pending: dict[str, tuple[ReplayEntry, str, float]] = {}  # id -> entry, owner, since
         self._results: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
         self._arrived = asyncio.Event()
+        self.body_bytes = 0  # bodies of the queued and in-progress entries
+        self.result_bytes = 0  # stored answers
 
     async def enqueue(
         self, request_id: str, tenant: str, alias: str, body: Body, key_id: str = ""
     ) -> None:
         if len(self._queue) + len(self._pending) >= self.settings.max_len:
             raise QueueFull(f"in-memory replay queue holds {self.settings.max_len} requests")
-        entry = ReplayEntry(
-            f"{next(self._ids)}-0", request_id, tenant, alias, _raw(body), key_id=key_id
-        )
+        raw = _raw(body)
+        if self.body_bytes + len(raw) > self.settings.max_local_bytes:
+            raise QueueFull(
+                f"in-memory replay queue holds {self.body_bytes} bytes of requests "
+                f"(max_local_bytes {self.settings.max_local_bytes})"
+            )
+        entry = ReplayEntry(f"{next(self._ids)}-0", request_id, tenant, alias, raw, key_id=key_id)
         await self.set_result(request_id, _queued_doc(request_id, tenant, alias))
         self._queue.append(entry)
+        self.body_bytes += len(raw)
         self._arrived.set()
 
     async def get_result(self, request_id: str) -> dict[str, Any] | None:
@@ -298,14 +313,23 @@ class MemoryReplayQueue:
 
     async def set_result(self, request_id: str, doc: dict[str, Any]) -> None:
         now = self._clock()
+        replaced = self._results.pop(request_id, None)
+        if replaced is not None:
+            self.result_bytes -= _doc_bytes(replaced[1])
         self._results[request_id] = (now + self.settings.result_ttl_s, dict(doc))
-        self._results.move_to_end(request_id)
-        # Expired first, then the oldest beyond a bound, so memory stays flat.
+        self.result_bytes += _doc_bytes(doc)
+        # Expired first, then the oldest beyond a bound (count or bytes), so memory stays flat.
+        s = self.settings
         while self._results:
-            oldest_id, (expires, _) = next(iter(self._results.items()))
-            if expires > now and len(self._results) <= 4 * self.settings.max_len:
+            oldest_id, (expires, oldest) = next(iter(self._results.items()))
+            if (
+                expires > now
+                and len(self._results) <= 4 * s.max_len
+                and self.result_bytes <= s.max_local_bytes
+            ):
                 break
             del self._results[oldest_id]
+            self.result_bytes -= _doc_bytes(oldest)
 
     async def read(self, consumer: str, count: int, block_ms: int) -> list[ReplayEntry]:
         if not self._queue:
@@ -336,10 +360,18 @@ class MemoryReplayQueue:
                 self._pending[eid] = (self._pending[eid][0], consumer, now)
 
     async def ack(self, entry_id: str) -> None:
-        self._pending.pop(entry_id, None)
+        held = self._pending.pop(entry_id, None)
+        if held is not None:
+            self.body_bytes -= len(held[0].body)
 
     async def depth(self) -> int:
         return len(self._queue) + len(self._pending)
+
+
+def _doc_bytes(doc: dict[str, Any]) -> int:
+    """About what a stored result holds: its answer, plus its small fields."""
+    body = doc.get("body")
+    return 256 + (len(body) if isinstance(body, str | bytes) else 0)
 
 
 def make_replay_queue(
