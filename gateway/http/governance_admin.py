@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from gateway.runtime import Runtime
 
 MAX_DAYS = 366
+_NULLABLE = frozenset({"expires_at"})  # PATCH fields whose null means something (no expiry)
 log = logging.getLogger("gateway.governance")
 
 
@@ -132,6 +133,15 @@ def governance_router(gov: GovernanceService, runtime: Runtime) -> APIRouter:
     @router.patch("/keys/{key_id}")
     async def update(key_id: str, request: Request) -> Response:
         change: KeyUpdate = await _body(request, KeyUpdate)
+        for name in sorted(change.model_fields_set - _NULLABLE):
+            if getattr(change, name) is None:
+                # null is no value for these (an `aliases: null` read as "every alias" would
+                # widen the key): leave the field out to keep it, or give its empty value.
+                raise bad_request(
+                    f"{name}: may not be null (leave it out to keep it)",
+                    param=name,
+                    code="invalid_key_spec",
+                )
         rec = await _change(key_id, gov.keys.update(key_id, change))
         assert isinstance(rec, KeyRecord)
         return _json(rec.public())

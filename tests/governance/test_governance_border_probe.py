@@ -234,3 +234,36 @@ def test_admin_key_scheme_in_any_case_and_never_from_the_query(
     # A key of spaces is no key: the loopback rule, not "Bearer " for everyone.
     monkeypatch.setenv("GATEWAY_ADMIN_KEY", "   ")
     assert httpx.get(url, headers={"authorization": "Bearer"}).status_code == 200  # loopback
+
+
+@pytest.mark.parametrize("field", ["name", "tenant", "aliases", "limits", "budget"])
+def test_patch_with_null_is_refused_and_changes_nothing(gw: GatewayServer, field: str) -> None:
+    """`{"aliases": null}` was a 500 (the record cannot hold it); read as "every alias" it would
+    widen the key. A null is refused with the field's name; leaving it out keeps it."""
+    spec = {
+        "tenant": "v",
+        "name": "n",
+        "aliases": ["chat"],
+        "limits": {"requests_per_minute": 5},
+        "budget": {"daily_usd": 2},
+        "expires_in_s": 3600,
+    }
+    key = httpx.post(gw.url + "/admin/keys", json=spec).json()
+    r = httpx.patch(f"{gw.url}/admin/keys/{key['id']}", json={field: None})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and err["code"] == "invalid_key_spec"
+    now = httpx.get(f"{gw.url}/admin/keys/{key['id']}").json()
+    assert {k: now[k] for k in ("name", "tenant", "aliases")} == {
+        "name": "n",
+        "tenant": "v",
+        "aliases": ["chat"],
+    }
+    assert now["limits"]["requests_per_minute"] == 5 and now["budget"]["daily_usd"] == 2
+    # null where it means something: no expiry, no limit of that kind.
+    r = httpx.patch(
+        f"{gw.url}/admin/keys/{key['id']}",
+        json={"expires_at": None, "limits": {"requests_per_minute": None}},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["expires_at"] is None and r.json()["limits"]["requests_per_minute"] is None
