@@ -244,7 +244,9 @@ class GovernanceService:
                         f"tokens (prompt plus max_tokens); the limit is {int(b.capacity)} "
                         "tokens per minute.",
                         60.0,
-                        {},
+                        # It never fits, however long the client waits: the SDKs are told not
+                        # to retry (they waited a minute, twice, for the same refusal).
+                        {"x-should-retry": "false"},
                     )
                 ticket.token_buckets.append(b)
             if lim.max_concurrent:

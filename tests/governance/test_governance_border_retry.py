@@ -97,3 +97,25 @@ def test_retry_after_is_a_bounded_whole_number(wait: float) -> None:
     assert 1 <= int(h["retry-after"]) <= 60 and 1 <= int(h["retry-after-ms"]) <= 60_000
     h = over_budget("x", wait, {}).headers
     assert 1 <= int(h["retry-after"]) <= 31 * 86400 and h["x-should-retry"] == "false"
+
+
+def test_a_request_larger_than_the_token_limit_is_not_retried_by_the_sdk(
+    fleet: Fleet, gateway: Callable[..., GatewayServer], keys: str
+) -> None:
+    """Prompt plus max_tokens above tokens per minute can never pass: the official client, with
+    its default retries, gets the 429 at once (it waited 60 s twice for the same answer)."""
+    gw = gateway(
+        _policy(fleet, "  tenants:\n    team-a: {limits: {tokens_per_minute: 100}}"),
+        redis_url=keys,
+    )
+    oa = openai.OpenAI(base_url=gw.base_url, api_key="key-a", timeout=30)
+    start = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as e:
+        oa.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=500
+        )
+    assert time.monotonic() - start < 5
+    assert e.value.response.headers["x-should-retry"] == "false"
+    assert "Request too large" in e.value.message
+    # A request that fits is still served.
+    assert oa.chat.completions.create(**CHAT).choices
