@@ -54,6 +54,8 @@ STOP_REASONS = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
+# The image types the Messages API takes (`source.media_type` of a base64 image).
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 # Anthropic's bound on `metadata.user_id`.
 MAX_USER_ID = 256
 # Server tools run by Anthropic itself (web search, code execution, ...) have a dated `type`;
@@ -119,6 +121,13 @@ def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
         media, data = src.get("media_type"), src.get("data")
         if not isinstance(media, str) or not isinstance(data, str):
             raise _err(f"{where}.source: media_type and data are required.", f"{where}.source")
+        if media not in IMAGE_MEDIA_TYPES:
+            # As Anthropic answers it (and never spliced into the data URL as it came).
+            raise _err(
+                f"{where}.source.media_type: Input should be 'image/jpeg', 'image/png', "
+                "'image/gif' or 'image/webp'",
+                f"{where}.source.media_type",
+            )
         return {"type": "image_url", "image_url": {"url": f"data:{media};base64,{data}"}}
     if kind == "url" and isinstance(src.get("url"), str):
         return {"type": "image_url", "image_url": {"url": src["url"]}}
