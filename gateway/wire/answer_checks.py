@@ -754,7 +754,9 @@ class StreamCheck:
         for ev in evs:
             if self.done:
                 break  # nothing after the end marker
-            out.append(self.event(ev))
+            ev = self.event(ev)
+            if ev:
+                out.append(ev)
         return out
 
     def event(self, ev: bytes) -> bytes:
@@ -763,8 +765,8 @@ class StreamCheck:
             self.done = True
             if self._guard is not None and self._guard.held:
                 flushed = self._guard.flush(self._endpoint)
-                return b"".join(b"data: " + orjson.dumps(d) + b"\n\n" for d in flushed) + ev
-            return ev
+                return b"".join(b"data: " + orjson.dumps(d) + b"\n\n" for d in flushed) + DONE
+            return DONE
         if b"event:" in ev and _ERROR_FIELD.search(ev):
             raise InvalidAnswer("the provider sent an error event")
         if self._carry or not ev.isascii():
@@ -776,6 +778,11 @@ class StreamCheck:
             doc, changed = _check_chunk(self._endpoint, data)
             if changed:  # a content-part list, now its text
                 data = orjson.dumps(doc)
+                ev = b"data: " + data + b"\n\n"
+            elif not ev.startswith(b"data: ") or ev.find(b"\n") != len(ev) - 2:
+                # `event: message`, `id:` or `data:` without its space: the OpenAI SDKs read
+                # an event with a name as something else than a chunk, so each goes out as the
+                # one `data:` line an OpenAI stream is made of.
                 ev = b"data: " + data + b"\n\n"
             self.chunks += 1
             guard = self._guard
@@ -793,7 +800,14 @@ class StreamCheck:
             fields = {line.split(b":", 1)[0] for line in ev.split(b"\n") if line}
             if not fields <= _NON_DATA_FIELDS:
                 raise InvalidAnswer("the provider sent something that is not an event")
-        self._prev, self._last = self._last, ev
+            if fields != {b""}:
+                # An event of fields alone (`retry: 100`, `id: 3`): an OpenAI SDK reads it as a
+                # chunk of empty data and fails to parse it. Its comments, if any, stay (they
+                # keep idle connections open); nothing else goes out.
+                comments = [line for line in ev.split(b"\n") if line.startswith(b":")]
+                ev = b"\n".join(comments) + b"\n\n" if comments else b""
+        if ev:
+            self._prev, self._last = self._last, ev
         return ev
 
     def flush_held(self) -> bytes:

@@ -123,7 +123,9 @@ def test_good_chunks_pass_and_are_counted() -> None:
     assert check.block(block) == 4 and check.chunks == 3 and check.done
     check = StreamCheck(ResponseLimits())
     assert check.event(b": keep-alive\n\n") == b": keep-alive\n\n"
-    assert check.event(b"event: message\nid: 3\n\n")
+    # Fields alone are no chunk: an OpenAI SDK would parse their empty data and fail.
+    assert check.event(b"event: message\nid: 3\n\n") == b""
+    assert check.event(b": ping\nretry: 10\n\n") == b": ping\n\n"
     assert check.chunks == 0
     with pytest.raises(InvalidAnswer):
         check.event(b'event: error\ndata: {"type":"overloaded_error"}\n\n')
