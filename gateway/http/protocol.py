@@ -358,6 +358,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         cycles = {id(c): c for c in (self._running, self.cycle) if c is not None}
+        for cycle in cycles.values():
+            if not cycle.response_complete:
+                # uvicorn marks only the last request read; the one being answered (pipelined)
+                # was not, so its app's silent end was taken for a bug: an error logged and a
+                # 500 written to the closed transport (an exception in its task).
+                cycle.disconnected = True
+                cycle.message_event.set()
         super().connection_lost(exc)
         self._disarm()
         self._stop_liveness()
@@ -596,15 +603,20 @@ class GatewayHttpProtocol(HttpToolsProtocol):
             return  # an answer is being written: a client gone fails its writes
         if running.scope.get("http_version") == "1.0":
             return  # no interim response to an HTTP/1.0 client: a client gone is seen when answered
+        n = self._liveness_checks
         if not probe:
             if _tcp_state(self.transport) == _TCP_CLOSE:
                 self.transport.abort()
                 return
-            probe = self._liveness_checks >= len(_LIVENESS_DELAYS)  # on the slow cadence
+            # Past the first checks: a probe every PROBE_EVERY_S, its reset looked for soon after.
+            probe = n >= len(_LIVENESS_DELAYS) and (n - len(_LIVENESS_DELAYS)) % 2 == 0
         if probe:
             self.transport.write(_PROBE)
-        self._liveness_checks += 1
-        delay = _LIVENESS_DELAYS[min(self._liveness_checks, len(_LIVENESS_DELAYS)) - 1]
+        self._liveness_checks = n + 1
+        if n < len(_LIVENESS_DELAYS):
+            delay = _LIVENESS_DELAYS[n]
+        else:
+            delay = _RESET_WAIT_S if probe else PROBE_EVERY_S - _RESET_WAIT_S
         self._liveness = self.loop.call_later(delay, self._check_liveness)
 
     def _stop_liveness(self) -> None:
@@ -615,9 +627,13 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
 _TCP_CLOSE = 7  # Linux's TCP_CLOSE: the connection was reset
 _PROBE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# When a half-closed connection's TCP state is looked at again (seconds): soon after the probe
-# (a reset comes back within a round trip), then every second while the answer is awaited.
-_LIVENESS_DELAYS = (0.01, 0.05, 0.25, 1.0)
+# When a half-closed connection's TCP state is looked at again (seconds): soon after the first
+# probe (a reset comes back within a round trip); then a probe every PROBE_EVERY_S while the
+# answer is awaited, each looked after _RESET_WAIT_S later (a client that half-closed and left
+# later is noticed within about a second).
+_LIVENESS_DELAYS = (0.01, 0.05, 0.25, 0.7)
+PROBE_EVERY_S = 1.0
+_RESET_WAIT_S = 0.05
 
 
 def _tcp_state(transport: asyncio.BaseTransport) -> int | None:

@@ -8,6 +8,7 @@ one metrics observation), with the status sent.
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -437,3 +438,21 @@ def test_many_pipelined_upgrade_requests_in_one_read_are_all_answered(gw: Gatewa
     last = one.replace(b"upgrade\r\n", b"upgrade, close\r\n")
     answers = responses(exchange(one * 1500 + last, within_s=30))
     assert [a[0] for a in answers] == [200] * 1501
+
+
+def test_a_pipelined_client_that_leaves_is_no_server_error(
+    slow_gw: GatewayServer, access_log: AccessLines, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request being answered when a pipelining client leaves was not marked gone (only the
+    last one read was): its app's quiet end was logged as an ASGI error and a 500 was written to
+    the closed connection (an exception left in its task)."""
+    caplog.set_level(logging.WARNING)
+    request_id = f"piped-gone-{time.monotonic_ns()}"
+    s = socket.create_connection(("127.0.0.1", slow_gw.port), timeout=5)
+    s.sendall(_slow_request(request_id + "-1") + _slow_request(request_id + "-2"))
+    time.sleep(0.4)
+    s.close()
+    assert access_log.wait_for(request_id + "-1", within_s=2.5)["status"] == 499
+    time.sleep(0.3)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
