@@ -474,8 +474,9 @@ class ReplayWorker:
             )
         finally:
             keep_alive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keep_alive
+            # Waited for without taking its CancelledError: a cancellation of this worker
+            # arriving meanwhile must go through, never be swallowed (stop() would wait forever).
+            await asyncio.wait([keep_alive])
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
