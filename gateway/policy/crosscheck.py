@@ -11,6 +11,7 @@ setting added to any part's model is covered without being named here.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,8 @@ YEAR_S = 366 * 86_400
 # No count, size, rate, weight or amount of money in a policy needs more; beyond it sums and
 # products at run time may overflow to inf, and integers past 64 bits cannot be written as JSON.
 MAX_NUMBER = 1e12
+# Names of policy entries (as schema.Name): what a header value and a metrics label can carry.
+NAME = re.compile(r"[A-Za-z0-9_.:/@+-]{1,128}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,18 @@ def reference_problems(data: Mapping[str, Any]) -> list[Problem]:
     )
 
     names = [str(c["name"]) for c in classes if isinstance(c.get("name"), str)]
+    for i, c in enumerate(classes):
+        name = c.get("name")
+        if isinstance(name, str) and name and not NAME.fullmatch(name):
+            # The class is sent in the x-gateway-class header and labels metrics: a name a
+            # header cannot carry failed every request of the class with a 500.
+            out.append(
+                Problem(
+                    f"classes.{i}.name",
+                    "must be 1-128 characters of A-Z a-z 0-9 _ . : / @ + - (it is sent in the "
+                    "x-gateway-class header)",
+                )
+            )
     if len(set(names)) != len(names):
         out.append(Problem("classes", "class names must be unique"))
     given = data.get("default_class", "default")
