@@ -834,14 +834,17 @@ class ResponsesExchange:
         if prev is not None:
             ok = isinstance(prev, str) and valid_response_id(prev)
             record = await self.store.get(ctx.tenant, prev) if ok else None
-            if record is None:
+            # A record read back from Redis is data from across a border: one without a list
+            # of messages (corrupted, written by something else) continues nothing.
+            stored: Any = record.get("messages") if record is not None else None
+            if not isinstance(stored, list) or not all(isinstance(m, dict) for m in stored):
                 raise GatewayError(
                     400,
                     f"Previous response with id '{clip(prev)}' not found.",
                     param="previous_response_id",
                     code="previous_response_not_found",
                 )
-            history = list(record.get("messages") or [])
+            history = list(stored)
         turn = turn_messages(req)
         body = to_chat(req, history, turn)
         self.history = history + turn
@@ -912,9 +915,10 @@ def not_found(response_id: str) -> GatewayError:
 
 async def retrieve(store: ResponseStore, tenant: str, response_id: str) -> dict[str, Any]:
     record = await store.get(tenant, response_id) if valid_response_id(response_id) else None
-    if record is None or not isinstance(record.get("response"), dict):
-        raise not_found(response_id)
-    return record["response"]
+    doc = record.get("response") if record is not None else None
+    if not isinstance(doc, dict) or doc.get("id") != response_id:
+        raise not_found(response_id)  # none, or not the response of this id (a bad record)
+    return doc
 
 
 async def delete(store: ResponseStore, tenant: str, response_id: str) -> dict[str, Any]:
