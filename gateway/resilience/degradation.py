@@ -107,11 +107,23 @@ class Degradation:
     async def degrade(
         self, err: GatewayError, acc: ParsedRequest, raw: bytes, ctx: Context
     ) -> Response:
-        """The rule's answer for a request nothing could serve (or `err` itself without rules)."""
-        if self.rules is None or acc.endpoint != "chat":
+        """The rule's answer for a request nothing could serve (or `err` itself without rules).
+
+        Chat requests (and the Messages and Responses APIs, translated to chat) get the rule's
+        answer as a chat completion; completions requests get it as a text completion, but are
+        not queued (a replay runs as a chat request): under a queueing rule they get `err`.
+        Embeddings have no text to degrade to: `err`.
+        """
+        completions = acc.endpoint == "completions"
+        if self.rules is None or (acc.endpoint != "chat" and not completions):
             return err.to_response(ctx.headers())
-        text = last_user_text(acc.body.get("messages"))
+        if completions:
+            text = prompt_text(acc.body.get("prompt"))
+        else:
+            text = last_user_text(acc.body.get("messages"))
         rule = self.rules.match(ctx.alias, ctx.request_class, ctx.tenant, text)
+        if completions and getattr(rule, "queue", False):
+            return err.to_response(ctx.headers())
         retry_after = err.headers.get("retry-after")
         if getattr(rule, "queue", False):
             # The id the client fetches the answer with: generated here, unguessable, and bound
@@ -125,7 +137,7 @@ class Degradation:
             float(retry_after) if retry_after else None,
         )
         include_usage = bool((acc.body.get("stream_options") or {}).get("include_usage"))
-        resp = render(rule, dctx, acc.stream, include_usage)
+        resp = render(rule, dctx, acc.stream, include_usage, completions)
         ctx.degraded = True
         self.degraded += 1
         headers = {
@@ -187,6 +199,13 @@ class Degradation:
             if doc is not None and doc.get("tenant") == tenant:
                 return doc
         return None
+
+
+def prompt_text(prompt: object) -> str:
+    """The text of a completions request's prompt (its first string when a list), for rules."""
+    if isinstance(prompt, list):
+        prompt = next((p for p in prompt if isinstance(p, str)), "")
+    return prompt if isinstance(prompt, str) else ""
 
 
 DEFERRED_PREFIX = "dfr_"

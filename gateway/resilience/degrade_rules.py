@@ -143,8 +143,9 @@ def _base(rule: DefaultRule, ctx: DegradeContext, obj: str) -> dict[str, Any]:
     }
 
 
-def render_json(rule: DefaultRule, ctx: DegradeContext) -> bytes:
-    """A ``chat.completion`` body, or an OpenAI error body when the rule's status >= 400."""
+def render_json(rule: DefaultRule, ctx: DegradeContext, completions: bool = False) -> bytes:
+    """A ``chat.completion`` body (a ``text_completion`` one for the completions API), or an
+    OpenAI error body when the rule's status >= 400."""
     text = render_text(rule, ctx)
     if rule.status >= 400:
         error = {
@@ -154,6 +155,12 @@ def render_json(rule: DefaultRule, ctx: DegradeContext) -> bytes:
             "code": "degraded",
         }
         return orjson.dumps({"error": error})
+    if completions:
+        body = _base(rule, ctx, "text_completion")
+        body["id"] = f"cmpl-degraded-{ctx.request_id}"
+        body["choices"] = [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}]
+        body["usage"] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        return orjson.dumps(body)
     message = {"role": "assistant", "content": text, "refusal": None}
     body = _base(rule, ctx, "chat.completion")
     body["choices"] = [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}]
@@ -161,11 +168,31 @@ def render_json(rule: DefaultRule, ctx: DegradeContext) -> bytes:
     return orjson.dumps(body)
 
 
-def render_sse(rule: DefaultRule, ctx: DegradeContext, include_usage: bool = False) -> list[bytes]:
-    """``chat.completion.chunk`` events (role, content, stop) and ``data: [DONE]``."""
+def render_sse(
+    rule: DefaultRule, ctx: DegradeContext, include_usage: bool = False, completions: bool = False
+) -> list[bytes]:
+    """``chat.completion.chunk`` events (role, content, stop) and ``data: [DONE]``; for the
+    completions API ``text_completion`` events (text, stop)."""
     if rule.status >= 400:
         raise ValueError("an error status is answered as JSON, not as a stream")
     text = render_text(rule, ctx)
+    if completions:
+        base = {**_base(rule, ctx, "text_completion"), "id": f"cmpl-degraded-{ctx.request_id}"}
+        events = [
+            b"data: "
+            + orjson.dumps(
+                {**base, "choices": [{"index": 0, "text": t, "finish_reason": f, "logprobs": None}]}
+            )
+            + b"\n\n"
+            for t, f in ((text, None), ("", "stop"))
+        ]
+        if include_usage:
+            usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+            events.append(
+                b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n"
+            )
+        events.append(b"data: [DONE]\n\n")
+        return events
     base = _base(rule, ctx, "chat.completion.chunk")
     deltas: list[tuple[dict[str, Any], str | None]] = [
         ({"role": "assistant", "content": ""}, None),
@@ -184,7 +211,11 @@ def render_sse(rule: DefaultRule, ctx: DegradeContext, include_usage: bool = Fal
 
 
 def render(
-    rule: DefaultRule, ctx: DegradeContext, stream: bool, include_usage: bool = False
+    rule: DefaultRule,
+    ctx: DegradeContext,
+    stream: bool,
+    include_usage: bool = False,
+    completions: bool = False,
 ) -> DegradedResponse:
     """Everything the HTTP layer needs: status, headers and the body or the SSE events."""
     headers = {"x-gateway-degraded": rule.name}
@@ -192,10 +223,11 @@ def render(
         headers["retry-after"] = str(_retry_after(rule, ctx))
     if stream and rule.status < 400:
         headers["content-type"] = "text/event-stream"
-        chunks = render_sse(rule, ctx, include_usage)
+        chunks = render_sse(rule, ctx, include_usage, completions)
         return DegradedResponse(rule.status, headers, chunks=chunks, queue=rule.queue)
     headers["content-type"] = "application/json"
-    return DegradedResponse(rule.status, headers, body=render_json(rule, ctx), queue=rule.queue)
+    body = render_json(rule, ctx, completions)
+    return DegradedResponse(rule.status, headers, body=body, queue=rule.queue)
 
 
 # ---- hot reload -----------------------------------------------------------------------------
