@@ -229,15 +229,19 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         self._deferred = None
         if self.transport.is_closing():
             return
-        request_id = None
+        request_id = self._record(status, path)
+        self.transport.write(error_response(status, path, message, code, request_id))
+        self.transport.close()
+
+    def _record(self, status: int, path: str) -> str | None:
+        """Record a request the app never saw, through the app's hook: its request id."""
         record: RecordRefused | None = self.app_state.get(RECORD_KEY)
         if record is not None:
             try:
-                request_id = record(status, path)
-            except Exception as exc:  # noqa: BLE001 - the answer must still go out
+                return record(status, path)
+            except Exception as exc:  # noqa: BLE001 - an answer must still go out
                 log.exception("recording a refused request failed", exc_info=exc)
-        self.transport.write(error_response(status, path, message, code, request_id))
-        self.transport.close()
+        return None
 
     def _body_timeout(self) -> None:
         self._read_timer = self._timer_kind = None
@@ -357,6 +361,11 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         super()._start_asgi_task(cycle, app)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_open and not self._refused and exc is not None:
+            # Reset inside a request's head: recorded as the 400 a closed one is answered
+            # (eof_received), not lost without a line.
+            self._refused = True
+            self._record(400, _path_of(self.url))
         cycles = {id(c): c for c in (self._running, self.cycle) if c is not None}
         for cycle in cycles.values():
             if not cycle.response_complete:

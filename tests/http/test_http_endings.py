@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -456,3 +457,29 @@ def test_a_pipelined_client_that_leaves_is_no_server_error(
     time.sleep(0.3)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
+
+
+def test_a_reset_inside_a_head_is_recorded_once_and_an_empty_connection_not(
+    gw: GatewayServer, access_log: AccessLines
+) -> None:
+    """A client that resets its connection inside a request's head is recorded like one that
+    closes it there (a 400), once; a connection reset before any request is nothing."""
+
+    def reset_after(data: bytes) -> None:
+        s = socket.create_connection(("127.0.0.1", gw.port), timeout=5)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        if data:
+            s.sendall(data)
+            time.sleep(0.1)
+        s.close()
+
+    n = len(gw.seen)
+    reset_after(b"")
+    reset_after(b"\r\n")
+    time.sleep(0.2)
+    assert len(gw.seen) == n
+    reset_after(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Le")
+    time.sleep(0.3)
+    assert [(c.status, c.endpoint) for c in gw.seen[n:]] == [(400, "messages")]
+    line = access_log.wait_for(gw.seen[n].request_id, status=400)
+    assert line["endpoint"] == "messages"
