@@ -127,7 +127,10 @@ def _interpolate(
     secrets: set[str],
     provider_keys: frozenset[str] = frozenset(),
     used: set[str] | None = None,
+    prefixes: tuple[str, ...] = (),
 ) -> Any:
+    """`prefixes`: provider_key_env_prefixes; variables in provider headers must start with one
+    (when any is given), like api_key_env."""
     if isinstance(node, str):
 
         def repl(m: Any) -> str:
@@ -145,6 +148,14 @@ def _interpolate(
             upstream = path.startswith("providers.") and ".headers." in path
             if upstream and name.upper().startswith(GATEWAY_ENV_PREFIX):
                 problems.error(path, f"${{{name}}}: GATEWAY_* variables are never sent upstream")
+                return ""
+            if upstream and prefixes and not name.startswith(prefixes):
+                # Documented, and not enforced: any variable (AWS_SECRET_ACCESS_KEY...) went out.
+                problems.error(
+                    path,
+                    f"${{{name}}} does not start with an allowed prefix "
+                    f"({', '.join(prefixes)}): only those variables are sent upstream",
+                )
                 return ""
             if name in env:
                 bad = lone_surrogate(env[name])
@@ -172,13 +183,20 @@ def _interpolate(
     if isinstance(node, dict):
         return {
             k: _interpolate(
-                v, f"{path}.{k}" if path else str(k), env, problems, secrets, provider_keys, used
+                v,
+                f"{path}.{k}" if path else str(k),
+                env,
+                problems,
+                secrets,
+                provider_keys,
+                used,
+                prefixes,
             )
             for k, v in node.items()
         }
     if isinstance(node, list):
         return [
-            _interpolate(v, f"{path}.{i}", env, problems, secrets, provider_keys, used)
+            _interpolate(v, f"{path}.{i}", env, problems, secrets, provider_keys, used, prefixes)
             for i, v in enumerate(node)
         ]
     return node
@@ -288,7 +306,11 @@ def check_policy(
         problems.error(d.path, f"duplicate key (first given on line {d.first_line})", line=d.line)
     used: set[str] = set()
     keys = frozenset(_provider_key_names(raw))
-    data = _interpolate(raw, "", env, problems, _secret_names(raw), keys, used)
+    given = raw.get("provider_key_env_prefixes")
+    prefixes = (
+        tuple(p for p in given if isinstance(p, str) and p) if isinstance(given, list) else ()
+    )
+    data = _interpolate(raw, "", env, problems, _secret_names(raw), keys, used, prefixes)
     policy: Policy | None = None
     try:
         policy = Policy.model_validate(data, context={SKIP_REFERENCES: True})
