@@ -151,6 +151,38 @@ class _Cycle(RequestResponseCycle):
         raise GatewayError(status, text, code=code)
 
 
+class _Cycle10(_Cycle):
+    """An HTTP/1.0 request's cycle. HTTP/1.0 has no chunked encoding, yet uvicorn sent an answer
+    without a length (a stream) chunked, which an HTTP/1.0 client reads as part of the body
+    (chunk sizes inside the events). Such an answer is sent as is instead, and ends with the
+    connection, as HTTP/1.0 defines (its connection closes after the answer anyway)."""
+
+    close_delimited = False
+
+    async def send(self, message: Any) -> None:
+        kind = message["type"]
+        if kind == "http.response.start" and not self.response_started:
+            status = message["status"]
+            names = {name.lower() for name, _ in message.get("headers", ())}
+            if (
+                status >= 200
+                and status not in (204, 304)
+                and self.scope["method"] != "HEAD"
+                and b"content-length" not in names
+                and b"transfer-encoding" not in names
+            ):
+                self.close_delimited = True
+                self.chunked_encoding = False  # uvicorn then writes no transfer-encoding
+                self.expected_content_length = 1 << 62  # whatever comes, up to the last part
+        elif (
+            kind == "http.response.body"
+            and self.close_delimited
+            and not message.get("more_body", False)
+        ):
+            self.expected_content_length = len(message.get("body", b""))
+        await super().send(message)
+
+
 class GatewayHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -249,7 +281,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing() or cycle is None:
             return
         cycle.scope[READ_TIMEOUT_KEY] = True  # type: ignore[literal-required]
-        if cycle.response_started or type(cycle) is not _Cycle:
+        if cycle.response_started or not isinstance(cycle, _Cycle):
             self._late_answer()
             return
         # The app reads a disconnect now and answers the 408 (read_body); then the connection
@@ -532,7 +564,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if type(cycle) is RequestResponseCycle:
             # Same object, the body-timeout aware receive (no allocation, no reference cycle).
-            cycle.__class__ = _Cycle
+            cycle.__class__ = _Cycle10 if self.scope.get("http_version") == "1.0" else _Cycle
 
     def on_chunk_header(self) -> None:
         self._chunk_open, self._chunk_data = True, False

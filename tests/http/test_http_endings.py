@@ -483,3 +483,37 @@ def test_a_reset_inside_a_head_is_recorded_once_and_an_empty_connection_not(
     assert [(c.status, c.endpoint) for c in gw.seen[n:]] == [(400, "messages")]
     line = access_log.wait_for(gw.seen[n].request_id, status=400)
     assert line["endpoint"] == "messages"
+
+
+# -- HTTP/1.0 -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [b"/v1/chat/completions", b"/v1/messages"])
+def test_a_stream_to_an_http_1_0_client_is_not_chunked(
+    gw: GatewayServer, access_log: AccessLines, path: bytes
+) -> None:
+    """HTTP/1.0 has no chunked encoding: the stream is sent as is and ends with the connection
+    (it was chunked, chunk sizes in the middle of the events for an HTTP/1.0 client)."""
+    request_id = f"http10-{time.monotonic_ns()}"
+    body = BODY.replace(b'"max_tokens":2', b'"max_tokens":12,"stream":true')
+    extra = b"x-request-id: %s\r\nanthropic-version: 2023-06-01\r\n" % request_id.encode()
+    out = exchange(request(path, body, extra, version=b"HTTP/1.0"))
+    head, _, payload = out.partition(b"\r\n\r\n")
+    headers = head.lower()
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in headers
+    assert b"connection: close" in headers and b"content-type: text/event-stream" in headers
+    events = [e for e in payload.split(b"\n\n") if e]
+    assert events and all(e.startswith((b"data: ", b"event: ")) for e in events), payload[:300]
+    if path == b"/v1/messages":
+        assert b"event: message_stop" in events[-1]
+    else:
+        assert events[-1] == b"data: [DONE]"
+        assert orjson.loads(events[0][6:])["object"] == "chat.completion.chunk"
+    recorded_once(gw, access_log, request_id, 200)
+
+
+def test_an_http_1_0_answer_with_a_length_keeps_it(gw: GatewayServer) -> None:
+    out = exchange(request(version=b"HTTP/1.0"))
+    answers = responses(out)
+    assert [a[0] for a in answers] == [200] and "transfer-encoding" not in answers[0][1]
+    assert orjson.loads(answers[0][2])["object"] == "chat.completion"
