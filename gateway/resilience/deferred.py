@@ -374,6 +374,16 @@ def _doc_bytes(doc: dict[str, Any]) -> int:
     return 256 + (len(body) if isinstance(body, str | bytes) else 0)
 
 
+async def _held_elsewhere(queue: ReplayQueue, entry: ReplayEntry) -> bool:
+    """Does `queue` know this request (queued, in progress or done)? False when it cannot say."""
+    try:
+        async with asyncio.timeout(1.0):
+            doc = await queue.get_result(entry.request_id)
+    except Exception:  # noqa: BLE001 - unreachable: replayed here, as the queue it was kept in
+        return False
+    return doc is not None and doc.get("tenant") == entry.tenant
+
+
 def make_replay_queue(
     client: AnyRedis | None, settings: ReplaySettings | None = None
 ) -> RedisReplayQueue | MemoryReplayQueue:
@@ -400,9 +410,13 @@ class ReplayWorker:
         send: SendFn,
         consumer: str | None = None,
         settings: ReplaySettings | None = None,
+        elsewhere: ReplayQueue | None = None,
     ) -> None:
+        """`elsewhere`: for the in-process queue, the shared one: a request that reached it too
+        (Redis timed out on the enqueue that it did carry out) is replayed from there only."""
         self.queue = queue
         self.send = send
+        self.elsewhere = elsewhere
         self.consumer = consumer or f"worker-{uuid.uuid4().hex[:8]}"
         self.settings = settings or ReplaySettings()
         self._held: dict[str, tuple[ReplayEntry, int, float]] = {}  # id -> entry, tries, due
@@ -506,6 +520,10 @@ class ReplayWorker:
             known = await self.queue.get_result(entry.request_id)
             if known is not None and known.get("status") in ("done", "failed"):
                 return await self._finish(entry_id, entry, None)
+            if self.elsewhere is not None and await _held_elsewhere(self.elsewhere, entry):
+                await self.queue.ack(entry_id)  # the shared queue has it: replayed from there
+                del self._held[entry_id]
+                return 0
         tries += 1
         try:
             status, body = await self.send(entry)

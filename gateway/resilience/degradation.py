@@ -66,7 +66,8 @@ class Degradation:
         if self.workers or self._send is None:
             return
         for q in {id(self.queue): self.queue, id(self.local_queue): self.local_queue}.values():
-            worker = ReplayWorker(q, self._send)
+            shared = self.queue if q is self.local_queue and q is not self.queue else None
+            worker = ReplayWorker(q, self._send, elsewhere=shared)
             await worker.start()
             self.workers.append(worker)
 
@@ -167,12 +168,17 @@ class Degradation:
             plain = {k: v for k, v in acc.body.items() if k not in ("stream", "stream_options")}
             body = orjson.dumps(plain)
         for q in (self.queue, self.local_queue):
+            deferred_id = ctx.deferred_id or new_deferred_id()
             try:
-                deferred_id = ctx.deferred_id or new_deferred_id()
                 await q.enqueue(deferred_id, ctx.tenant, ctx.alias, body, key_id=ctx.key_id)
             except QueueFull:
                 return False
             except Exception as e:  # noqa: BLE001 - Redis down: keep it in this process instead
+                if q is self.queue and await self._landed(deferred_id, ctx.tenant):
+                    # Redis carried it out but its answer was lost (a timeout): queued once,
+                    # there, never a second time here.
+                    self.queued += 1
+                    return True
                 if not self._queue_down:  # once per outage, not once per request
                     self._queue_down = True
                     log.warning(
@@ -186,6 +192,17 @@ class Degradation:
             self.queued += 1
             return True
         return False
+
+    async def _landed(self, deferred_id: str, tenant: str) -> bool:
+        """After an enqueue that failed: is the request in the shared queue all the same?"""
+        if self.queue is self.local_queue:
+            return False
+        try:
+            async with asyncio.timeout(0.5):
+                doc = await self.queue.get_result(deferred_id)
+        except Exception:  # noqa: BLE001 - still unreachable: it did not land, or we cannot say
+            return False
+        return doc is not None and doc.get("tenant") == tenant
 
     async def result(self, deferred_id: str, tenant: str) -> dict | None:
         """The deferred request's state, only for the tenant that sent it (else None: not found)."""
