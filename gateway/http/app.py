@@ -497,4 +497,16 @@ def create_app(
             )
         return _json({"reloaded": True, "version": version})
 
+    # HEAD wherever GET is served (HTTP requires both of a general-purpose server: a load
+    # balancer's `HEAD /health` got a 405): the same handler, uvicorn sends no body.
+    _head_with_get(app.router.routes)
     return app
+
+
+def _head_with_get(routes: list[Any]) -> None:
+    for route in routes:
+        methods = getattr(route, "methods", None)
+        if isinstance(methods, set) and "GET" in methods:
+            methods.add("HEAD")
+        included = getattr(route, "original_router", None)  # a router included (FastAPI 0.16x)
+        _head_with_get(list(getattr(route, "routes", None) or getattr(included, "routes", [])))

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -517,3 +518,41 @@ def test_an_http_1_0_answer_with_a_length_keeps_it(gw: GatewayServer) -> None:
     answers = responses(out)
     assert [a[0] for a in answers] == [200] and "transfer-encoding" not in answers[0][1]
     assert orjson.loads(answers[0][2])["object"] == "chat.completion"
+
+
+# -- HEAD -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "endpoint"),
+    [
+        ("/health", None),
+        ("/ready", None),
+        ("/v1/models", "models.list"),
+        ("/v1/models/chat", "models.retrieve"),
+        ("/dashboard", None),
+    ],
+)
+def test_head_is_served_wherever_get_is(
+    gw: GatewayServer, access_log: AccessLines, path: str, endpoint: str | None
+) -> None:
+    """HTTP requires HEAD wherever GET is served: it was a 405 (a load balancer's `HEAD /health`
+    marked the gateway down). Same status and headers, no body, recorded as the GET would be."""
+    request_id = f"head-{time.monotonic_ns()}"
+    headers = {"authorization": "Bearer key-a"}
+    got = httpx.get(gw.url + path, headers=headers)
+    head = httpx.head(gw.url + path, headers={**headers, "x-request-id": request_id})
+    assert head.status_code == got.status_code == 200
+    assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"]
+    time.sleep(0.2)
+    mine = [(c.status, c.endpoint) for c in gw.seen if c.request_id == request_id]
+    assert mine == ([] if endpoint is None else [(200, endpoint)])
+
+
+def test_head_where_only_post_is_served_is_still_a_405(
+    gw: GatewayServer, access_log: AccessLines
+) -> None:
+    request_id = f"head-post-{time.monotonic_ns()}"
+    r = httpx.head(gw.base_url + "/chat/completions", headers={"x-request-id": request_id})
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    recorded_once(gw, access_log, request_id, 405)
