@@ -57,9 +57,12 @@ def content_events(ctx: Context) -> int:
 def billable(ctx: Context) -> bool:
     """Did a provider produce (part of) this answer, so that its tokens count? A 200 not served
     by a cache, or a stream cut after the provider's events reached the client (the client went
-    away: 499; the upstream broke: 502): what was produced and relayed is paid for either way."""
+    away: 499; the upstream broke: 502): what was produced and relayed is paid for either way.
+    Also a 499 while an attempt was still answering: the provider did, and bills, that work."""
     if not ctx.provider or ctx.cache.startswith("hit"):
         return False
+    if ctx.status == 499 and ctx.attempts > len(ctx.failures):
+        return True
     return ctx.status == 200 or (ctx.stream and ctx.output_chunks > 0)
 
 

@@ -101,6 +101,14 @@ def test_client_gone_before_a_non_streamed_answer_is_charged_and_counted(
     )
     assert doc["total"]["input_tokens"] == sum(c.prompt_tokens for c in cut)
     assert doc["total"]["cost_usd"] == pytest.approx(sum(c.prompt_tokens for c in cut) / 1000)
+    # The usage metrics count them too (they had left out every 499 without relayed events).
+    metrics = httpx.get(gw.url + "/metrics").text
+    counted = sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in metrics.splitlines()
+        if ln.startswith("gateway_input_tokens_total{") and 'provider="slow"' in ln
+    )
+    assert counted >= sum(c.prompt_tokens for c in cut)
 
 
 def test_client_gone_before_a_streams_first_event_is_charged_its_prompt(
