@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -84,6 +85,14 @@ def serve_workers(app: str, **options: Any) -> None:
         def handle_int(self) -> None:
             self._stop_accepting()
             super().handle_int()
+
+        def handle_hup(self) -> None:
+            # SIGHUP means "reload the policy" (each worker's own handler); uvicorn's supervisor
+            # would restart every worker instead, losing in-memory state and connections.
+            for process in self.processes:
+                with contextlib.suppress(OSError, ValueError, TypeError):
+                    if process.pid is not None:
+                        os.kill(process.pid, signal.SIGHUP)
 
     config = uvicorn.Config(app, **options)
     sock = config.bind_socket()

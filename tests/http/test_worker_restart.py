@@ -107,3 +107,47 @@ def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_sighup_reloads_the_workers_instead_of_restarting_them(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """SIGHUP to the parent is passed on to each worker (its policy reload); uvicorn's supervisor
+    had restarted every worker, losing their state and the connections they held."""
+    if sys.platform != "linux":
+        pytest.skip("reads /proc")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"providers:\n  a: {{base_url: '{fleet.url('a')}'}}\n"
+        "pools:\n  main: {members: [a]}\nmodels:\n  chat: {pool: main}\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
+        + ["--policy", str(policy), "--workers", "2", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "GATEWAY_ACCESS_LOG": "0"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    try:
+        wait_http(url + "/health", proc)
+        deadline = time.monotonic() + 20
+        while len(workers(proc.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = workers(proc.pid)
+        assert len(before) == 2, before
+        os.kill(proc.pid, signal.SIGHUP)
+        time.sleep(2.0)
+        assert workers(proc.pid) == before
+        for _ in range(6):
+            assert (
+                httpx.post(url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
+            )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
