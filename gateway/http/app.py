@@ -50,6 +50,7 @@ from gateway.pipeline.explain import explain_http
 from gateway.pipeline.reply import on_finish
 from gateway.pipeline.stack import Pipeline, client_request_id, new_request_id
 from gateway.pipeline.stages.accept import read_body
+from gateway.pipeline.stages.authenticate import credentials_once
 from gateway.policy.rules import rules_path
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
@@ -333,7 +334,8 @@ def create_app(
         on_finish(response, lambda: pipeline.record(ctx))
         return response
 
-    async def authenticate(ctx: Context, authorization: str | None) -> str:
+    async def authenticate(ctx: Context, request: Request, authorization: str | None) -> str:
+        credentials_once(request.scope["headers"])
         principal = await governance.authenticate(runtime.snapshot, authorization)
         ctx.tenant, ctx.key_id = principal.tenant, principal.key_id
         return principal.tenant
@@ -341,7 +343,7 @@ def create_app(
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, request: Request) -> Response:
         async def handle(ctx: Context) -> Response:
-            tenant = await authenticate(ctx, request.headers.get("authorization"))
+            tenant = await authenticate(ctx, request, request.headers.get("authorization"))
             return _json(await responses_api.retrieve(stored, tenant, response_id))
 
         return await recorded(request, "responses.retrieve", handle)
@@ -349,7 +351,7 @@ def create_app(
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str, request: Request) -> Response:
         async def handle(ctx: Context) -> Response:
-            tenant = await authenticate(ctx, request.headers.get("authorization"))
+            tenant = await authenticate(ctx, request, request.headers.get("authorization"))
             return _json(await responses_api.delete(stored, tenant, response_id))
 
         return await recorded(request, "responses.delete", handle)
@@ -368,7 +370,7 @@ def create_app(
                 "x-request-id": ctx.request_id,
             }
             try:
-                await authenticate(ctx, exchange.authorization(request.headers))
+                await authenticate(ctx, request, exchange.authorization(request.headers))
                 raw = await read_body(request, runtime.snapshot.policy.server.max_body_bytes)
                 policy = runtime.snapshot.policy
                 doc = await messages_api.count_tokens(
@@ -386,7 +388,7 @@ def create_app(
 
         async def handle(ctx: Context) -> Response:
             # Authenticated here too: the log line names the tenant (explain_http checks again).
-            await authenticate(ctx, request.headers.get("authorization"))
+            await authenticate(ctx, request, request.headers.get("authorization"))
             return await explain_http(request, pipeline)
 
         return await recorded(request, "explain", handle)
@@ -409,6 +411,7 @@ def create_app(
 
     async def visible_models(ctx: Context, request: Request) -> list[str]:
         """The aliases this caller may use: a managed key limited to some sees only those."""
+        credentials_once(request.scope["headers"])
         principal = await governance.authenticate(
             runtime.snapshot, request.headers.get("authorization")
         )
@@ -472,7 +475,7 @@ def create_app(
         """The replayed answer of a request that a degradation rule queued."""
 
         async def handle(ctx: Context) -> Response:
-            tenant = await authenticate(ctx, request.headers.get("authorization"))
+            tenant = await authenticate(ctx, request, request.headers.get("authorization"))
             doc = await degradation.result(request_id, tenant)
             if doc is None:
                 raise errors.not_found(

@@ -267,3 +267,32 @@ def test_patch_with_null_is_refused_and_changes_nothing(gw: GatewayServer, field
     )
     assert r.status_code == 200, r.text
     assert r.json()["expires_at"] is None and r.json()["limits"]["requests_per_minute"] is None
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/models"),
+        ("GET", "/v1/models/chat"),
+        ("GET", "/v1/responses/resp_x"),
+        ("DELETE", "/v1/responses/resp_x"),
+        ("POST", "/v1/messages/count_tokens"),
+    ],
+)
+def test_routes_outside_the_pipeline_refuse_a_credential_given_twice(
+    gw: GatewayServer, method: str, path: str
+) -> None:
+    """The routes that authenticate without the pipeline's stage (model lists, stored
+    responses, token counts) took the first of two Authorization headers."""
+    body = MESSAGES if method == "POST" else b""
+    head = f"{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n"
+    head += "content-type: application/json\r\n"
+    head += "authorization: Bearer key-a\r\nauthorization: Bearer other\r\n"
+    head += "connection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(head.encode() + body)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    assert out.startswith(b"HTTP/1.1 401"), out[:300]
+    assert b"key-a" not in out

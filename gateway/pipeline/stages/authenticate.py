@@ -24,7 +24,7 @@ class Authenticate:
         headers = call.headers
         exchange = call.exchange
         if call.request is not None:
-            _once(call.request.scope["headers"])
+            credentials_once(call.request.scope["headers"])
         authorization = (
             headers.get("authorization") if exchange is None else exchange.authorization(headers)
         )
@@ -34,7 +34,8 @@ class Authenticate:
         return await next(call)
 
 
-def _once(raw: list[tuple[bytes, bytes]]) -> None:
+def credentials_once(raw: list[tuple[bytes, bytes]]) -> None:
+    """Refuse (401) a request carrying a credential header twice."""
     seen: set[bytes] = set()
     for k, _ in raw:
         name = k.lower()
