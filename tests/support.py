@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import jsonschema
@@ -371,3 +371,39 @@ class AccessLines(logging.Handler):
                     return line
             time.sleep(0.01)
         raise AssertionError(f"no access-log line for {request_id}")
+
+
+class ThreadedUpstream:
+    """An aiohttp app on loopback in a thread of its own (a scripted upstream for tests that
+    drive the gateway synchronously); subclasses add their routes in `routes`."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.runner: Any = None
+
+    def routes(self, app: Any) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        from aiohttp import web
+
+        self.thread.start()
+        app = web.Application()
+        self.routes(app)
+
+        async def start() -> None:
+            self.runner = web.AppRunner(app, access_log=None)
+            await self.runner.setup()
+            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.runner is not None:
+            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()

@@ -9,9 +9,7 @@ answer. Official client -> gateway -> a real loopback upstream answering by mode
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from gateway.apis.messages import _ObjectPrefix
-from tests.support import GatewayServer, free_port
+from tests.support import GatewayServer, ThreadedUpstream
 
 MSG = [{"role": "user", "content": "weather?"}]
 TOOLS = [
@@ -91,13 +89,7 @@ def _stream(mode: str) -> list[bytes]:
     return [*events, b"data: [DONE]\n\n"]
 
 
-class Upstream:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner: web.AppRunner | None = None
-
+class Upstream(ThreadedUpstream):
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
@@ -106,25 +98,8 @@ class Upstream:
         await resp.write_eof()
         return resp
 
-    def __enter__(self) -> Upstream:
-        self.thread.start()
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/{mode}/v1/chat/completions", self._handle)
-
-        async def start() -> None:
-            self.runner = web.AppRunner(app, access_log=None)
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.runner is not None:
-            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")

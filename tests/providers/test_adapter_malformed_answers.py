@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.support import GatewayServer, free_port, poll, validate_sse
+from tests.support import GatewayServer, ThreadedUpstream, poll, validate_sse
 
 MSG = [{"role": "user", "content": "hi"}]
 _AN_OK = {
@@ -97,13 +96,7 @@ FIRST_BAD: dict[str, list[bytes]] = {
 GEMINI_UNARY = {"candidates": [{"content": {"parts": [{"text": "hi"}]}, "finishReason": "STOP"}]}
 
 
-class VendorUpstream:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner: web.AppRunner | None = None
-
+class VendorUpstream(ThreadedUpstream):
     def root(self, mode: str) -> str:
         return f"http://127.0.0.1:{self.port}/{mode}"
 
@@ -132,26 +125,9 @@ class VendorUpstream:
         await resp.write_eof()
         return resp
 
-    def __enter__(self) -> VendorUpstream:
-        self.thread.start()
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/{mode}/v1/messages", self._anthropic)
         app.router.add_post("/v1beta/models/{method}", self._gemini)
-
-        async def start() -> None:
-            self.runner = web.AppRunner(app, access_log=None)
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.runner is not None:
-            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 MODES = [*ANTHROPIC, *FIRST_BAD]

@@ -9,8 +9,6 @@ openai (pass-through), anthropic and gemini adapters each classify it.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 
 import httpx
@@ -18,7 +16,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.support import GatewayServer, free_port, poll
+from tests.support import GatewayServer, ThreadedUpstream, poll
 
 MSG = [{"role": "user", "content": "hi"}]
 OK = {
@@ -35,14 +33,8 @@ STATUSES = [408, 409, 425]
 TYPES = ["openai", "anthropic", "gemini"]
 
 
-class Upstream:
+class Upstream(ThreadedUpstream):
     """`/<status>/...` answers that status in the wire format's error shape; `/ok/...` answers."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         # Gemini's base_url is the API root: its status is the model id (`/v1beta/models/408:...`).
@@ -52,27 +44,10 @@ class Upstream:
         err = {"error": {"message": "try again", "type": "timeout", "code": int(status)}}
         return web.json_response(err, status=int(status))
 
-    def __enter__(self) -> Upstream:
-        self.thread.start()
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/{status}/v1/chat/completions", self._handle)
         app.router.add_post("/{status}/v1/messages", self._handle)
         app.router.add_post("/v1beta/models/{method}", self._handle)
-
-        async def start() -> None:
-            self.runner = web.AppRunner(app, access_log=None)
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.runner is not None:
-            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 def _policy(up: Upstream) -> str:

@@ -11,10 +11,8 @@ loopback upstream that answers the way one vendor does.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -25,7 +23,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.support import GatewayServer, free_port, validate_sse
+from tests.support import GatewayServer, ThreadedUpstream, validate_sse
 
 KEY = "sk-vendor-key-0123456789abcdefXYZ"
 GEMINI_KEY = "AIzaSyD-vendorKEY_0123456789abcdefghij"
@@ -124,14 +122,8 @@ LEAKS: dict[str, str] = {
 }
 
 
-class VendorUpstream:
+class VendorUpstream(ThreadedUpstream):
     """One aiohttp server on loopback; its answer is chosen by the path's first segment."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.runner: web.AppRunner | None = None
 
     def url(self, mode: str) -> str:
         return f"http://127.0.0.1:{self.port}/{mode}/v1"
@@ -152,26 +144,9 @@ class VendorUpstream:
         await resp.write_eof()
         return resp
 
-    def __enter__(self) -> VendorUpstream:
-        self.thread.start()
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/{mode}/v1/chat/completions", self._handle)
         app.router.add_post("/openai/v1/chat/completions", self._handle)
-
-        async def start() -> None:
-            self.runner = web.AppRunner(app, access_log=None)
-            await self.runner.setup()
-            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-
-        asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.runner is not None:
-            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 def _policy(up: VendorUpstream) -> str:
