@@ -407,3 +407,32 @@ class ThreadedUpstream:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+class ThreadedRawServer:
+    """A raw asyncio TCP server on loopback in a thread of its own, for upstreams scripted byte
+    by byte; subclasses implement `_serve(reader, writer)`."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        start = asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)

@@ -3,11 +3,13 @@ replica keeps answering meanwhile (requests in flight on the killed worker are l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +51,14 @@ def workers(pid: int) -> set[int]:
     return found
 
 
-def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
+BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@contextlib.contextmanager
+def two_workers(
     fleet: Fleet, tmp_path: Path
-) -> None:
+) -> Iterator[tuple[subprocess.Popen[bytes], str, set[int]]]:
+    """`gateway serve --workers 2` on a free port: (the parent, its URL, its two workers)."""
     if sys.platform != "linux":
         pytest.skip("reads /proc")
     policy = tmp_path / "policy.yaml"
@@ -68,7 +75,6 @@ def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
         env={**os.environ, "GATEWAY_ACCESS_LOG": "0"},
     )
     url = f"http://127.0.0.1:{port}"
-    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     try:
         wait_http(url + "/health", proc)
         deadline = time.monotonic() + 20
@@ -76,6 +82,19 @@ def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
             time.sleep(0.05)
         before = workers(proc.pid)
         assert len(before) == 2, before
+        yield proc, url, before
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    with two_workers(fleet, tmp_path) as (proc, url, before):
         victim = min(before)
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
@@ -85,7 +104,7 @@ def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
         replaced_after = None
         while time.monotonic() - killed_at < 10:
             try:
-                r = httpx.post(url + "/v1/chat/completions", json=body, timeout=2)
+                r = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=2)
                 answered += r.status_code == 200
                 failed += r.status_code != 200
             except httpx.HTTPError:
@@ -101,12 +120,6 @@ def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
         # New connections go to live workers: none of these requests was in flight on the
         # killed worker, so none may fail.
         assert failed == 0
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_sighup_reloads_the_workers_instead_of_restarting_them(
@@ -114,40 +127,10 @@ def test_sighup_reloads_the_workers_instead_of_restarting_them(
 ) -> None:
     """SIGHUP to the parent is passed on to each worker (its policy reload); uvicorn's supervisor
     had restarted every worker, losing their state and the connections they held."""
-    if sys.platform != "linux":
-        pytest.skip("reads /proc")
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(
-        f"providers:\n  a: {{base_url: '{fleet.url('a')}'}}\n"
-        "pools:\n  main: {members: [a]}\nmodels:\n  chat: {pool: main}\n"
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
-        + ["--policy", str(policy), "--workers", "2", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "GATEWAY_ACCESS_LOG": "0"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    try:
-        wait_http(url + "/health", proc)
-        deadline = time.monotonic() + 20
-        while len(workers(proc.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        before = workers(proc.pid)
-        assert len(before) == 2, before
+    with two_workers(fleet, tmp_path) as (proc, url, before):
         os.kill(proc.pid, signal.SIGHUP)
         time.sleep(2.0)
         assert workers(proc.pid) == before
         for _ in range(6):
-            assert (
-                httpx.post(url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
-            )
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            r = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=10)
+            assert r.status_code == 200

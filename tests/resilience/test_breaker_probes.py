@@ -17,7 +17,7 @@ import pytest
 
 from gateway.resilience.breaker import BreakerSettings, BreakerState, CircuitBreaker
 from gateway.resilience.failures import FailureKind
-from tests.support import FakeClock, GatewayServer, free_port, poll
+from tests.support import FakeClock, GatewayServer, ThreadedRawServer, poll
 
 SETTINGS = BreakerSettings(consecutive_failures=2, cooldown_s=1.0, half_open_probes=1)
 
@@ -89,34 +89,16 @@ def test_the_probe_own_outcomes_still_decide() -> None:
 # -- through the gateway ---------------------------------------------------------------------
 
 
-class Scripted:
+class Scripted(ThreadedRawServer):
     """An upstream whose answer is named by the request's last message: `late-503` answers a
     503 after 1.5 s, `503` at once, `slow-ok` a completion after 1.2 s, anything else at once."""
 
     def __init__(self) -> None:
-        self.port = free_port()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
+        super().__init__()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def __enter__(self) -> Scripted:
-        self._thread.start()
-        start = asyncio.start_server(self._serve, "127.0.0.1", self.port)
-        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(5)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

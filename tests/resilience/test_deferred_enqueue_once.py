@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,38 +18,20 @@ import httpx
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from tests.support import GatewayServer, free_port, poll
+from tests.support import GatewayServer, ThreadedRawServer, poll
 
 
-class Switchable:
+class Switchable(ThreadedRawServer):
     """An upstream that answers 503 while `down`, else a completion; records what it answered."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.down = True
         self.answered: list[str] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def __enter__(self) -> Switchable:
-        self._thread.start()
-        start = asyncio.start_server(self._serve, "127.0.0.1", self.port)
-        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(5)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

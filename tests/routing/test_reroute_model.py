@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,7 +15,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.support import GatewayServer, free_port, poll
+from tests.support import GatewayServer, ThreadedRawServer, poll
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -30,7 +29,7 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
     return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
 
-class Recorder:
+class Recorder(ThreadedRawServer):
     """An OpenAI-compatible upstream on loopback that records the `model` of every request.
 
     Base URL `.../<mode>/v1`: `ok` answers; `cut` streams two events, then closes the connection
@@ -38,29 +37,11 @@ class Recorder:
     """
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.models: list[tuple[str, str]] = []  # (mode, model)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._server: asyncio.Server | None = None
 
     def url(self, mode: str) -> str:
         return f"http://127.0.0.1:{self.port}/{mode}/v1"
-
-    def __enter__(self) -> Recorder:
-        self._thread.start()
-        start = asyncio.start_server(self._serve, "127.0.0.1", self.port)
-        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(5)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        async def stop() -> None:
-            if self._server is not None:
-                self._server.close()
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
