@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -60,6 +61,19 @@ class Drain:
             raise SystemExit(128 + sig)
 
 
+@contextlib.contextmanager
+def hup_blocked() -> Iterator[None]:
+    """SIGHUP blocked in this thread meanwhile (a SIGHUP arriving then is delivered after)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def serve_workers(app: str, **options: Any) -> None:
     """`uvicorn.run` for several workers, with a supervisor that stops accepting on SIGTERM.
 
@@ -85,6 +99,25 @@ def serve_workers(app: str, **options: Any) -> None:
         def handle_int(self) -> None:
             self._stop_accepting()
             super().handle_int()
+
+        # A worker is born with SIGHUP blocked (the mask survives fork and exec) and unblocks it
+        # once its reload handler is in place (PolicyReloader.start): a SIGHUP passed on while
+        # it was still importing had killed it (the default action), and now waits for it.
+        def init_processes(self) -> None:
+            with hup_blocked():
+                super().init_processes()
+
+        def keep_subprocess_alive(self) -> None:
+            with hup_blocked():
+                super().keep_subprocess_alive()
+
+        def restart_all(self) -> None:
+            with hup_blocked():
+                super().restart_all()
+
+        def handle_ttin(self) -> None:
+            with hup_blocked():
+                super().handle_ttin()
 
         def handle_hup(self) -> None:
             # SIGHUP means "reload the policy" (each worker's own handler); uvicorn's supervisor

@@ -133,6 +133,10 @@ class PolicyReloader:
             self._watch.start()
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(signal.SIGHUP, self.reload_soon)
+                # `serve --workers` starts workers with SIGHUP blocked so that one still
+                # importing is not killed by it; a SIGHUP held meanwhile arrives now.
+                if hasattr(signal, "pthread_sigmask"):
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
         if self.state.enabled:
             # Follow reload signals of other replicas; the hub resubscribes after an outage.
             self._sub = self.state.hub.subscribe(

@@ -51,12 +51,22 @@ def workers(pid: int) -> set[int]:
     return found
 
 
+def takes_sighup(pid: int) -> bool:
+    """The process has a handler for SIGHUP and does not block it."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.strip()
+    bit = 1 << (signal.SIGHUP - 1)
+    return bool(int(fields["SigCgt"], 16) & bit) and not int(fields["SigBlk"], 16) & bit
+
+
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 @contextlib.contextmanager
 def two_workers(
-    fleet: Fleet, tmp_path: Path
+    fleet: Fleet, tmp_path: Path, *, hup_at_birth: bool = False
 ) -> Iterator[tuple[subprocess.Popen[bytes], str, set[int]]]:
     """`gateway serve --workers 2` on a free port: (the parent, its URL, its two workers)."""
     if sys.platform != "linux":
@@ -71,11 +81,16 @@ def two_workers(
         [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
         + ["--policy", str(policy), "--workers", "2", "--log-level", "warning"],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(tmp_path / "stderr.log").open("wb"),
         env={**os.environ, "GATEWAY_ACCESS_LOG": "0"},
     )
     url = f"http://127.0.0.1:{port}"
     try:
+        if hup_at_birth:  # while the workers are still importing the app
+            deadline = time.monotonic() + 20
+            while len(workers(proc.pid)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            os.kill(proc.pid, signal.SIGHUP)
         wait_http(url + "/health", proc)
         deadline = time.monotonic() + 20
         while len(workers(proc.pid)) < 2 and time.monotonic() < deadline:
@@ -102,7 +117,7 @@ def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
             time.sleep(0.005)
         answered = failed = 0
         replaced_after = None
-        while time.monotonic() - killed_at < 10:
+        while time.monotonic() - killed_at < 30:
             try:
                 r = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=2)
                 answered += r.status_code == 200
@@ -115,7 +130,9 @@ def test_killed_worker_is_replaced_and_the_replica_keeps_answering(
             if replaced_after is not None and answered >= 20:
                 break
         assert replaced_after is not None, "the killed worker was not replaced"
-        assert replaced_after < 5.0
+        # How fast is the import time of a worker on the machine (seconds on a loaded 2-core
+        # one): a bound, not a benchmark.
+        assert replaced_after < 20.0
         assert answered >= 20
         # New connections go to live workers: none of these requests was in flight on the
         # killed worker, so none may fail.
@@ -131,6 +148,29 @@ def test_sighup_reloads_the_workers_instead_of_restarting_them(
         os.kill(proc.pid, signal.SIGHUP)
         time.sleep(2.0)
         assert workers(proc.pid) == before
+        for _ in range(6):
+            r = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=10)
+            assert r.status_code == 200
+
+
+def test_sighup_while_workers_start_does_not_kill_them(fleet: Fleet, tmp_path: Path) -> None:
+    """A worker still importing had no handler yet: the SIGHUP passed on killed it (the default
+    action). Workers are born with SIGHUP blocked and take it once their handler is in place."""
+    with two_workers(fleet, tmp_path, hup_at_birth=True) as (proc, url, before):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if all(takes_sighup(pid) for pid in before):
+                break
+            time.sleep(0.05)
+        assert workers(proc.pid) == before
+        # The SIGHUP held while each worker started was delivered then: one reload each.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            log = (tmp_path / "stderr.log").read_text(errors="replace")
+            if log.count("applied (version") >= 2:
+                break
+            time.sleep(0.05)
+        assert log.count("applied (version") == 2, log[-2000:]
         for _ in range(6):
             r = httpx.post(url + "/v1/chat/completions", json=BODY, timeout=10)
             assert r.status_code == 200
