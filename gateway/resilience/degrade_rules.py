@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from gateway.infra.filewatch import FileWatch
+from gateway.infra.filewatch import FileWatch, file_signature
 
 # The rule files' schema and loading live in the policy layer (the policy check loads them too);
 # re-exported here, where the answering side has always found them.
@@ -44,6 +44,8 @@ from gateway.policy.rules import (
 )
 
 log = logging.getLogger(__name__)
+
+Fingerprint = tuple[Any, tuple[tuple[str, Any], ...]] | None
 
 _ERROR_TYPES = {429: "rate_limit_exceeded", 503: "service_unavailable"}
 
@@ -243,17 +245,21 @@ class RuleStore:
         self.rules: RuleSet = RuleSet()
         self.version = 0
         self.last_error: RuleFileError | None = None
-        # Any change in the folder reloads: editors write temp files and renames, and mounted
-        # config (e.g. Kubernetes ConfigMaps) swaps a symlinked folder, not the .yaml files.
+        # Editors write temp files and renames, and mounted config (Kubernetes ConfigMaps) swaps
+        # a symlinked folder, not the .yaml files: a reload follows a change of what the files
+        # resolve to. The signature is also compared every second without events, as the
+        # policy watcher's is: when the rules folder is itself a symlink into `..data` (a
+        # projected volume), the watch stays on the old folder, which the swap deletes.
         self._watch = FileWatch(
             self.path if self.path.is_dir() else self.path.parent,
             self.reload_async,
+            signature=self._fingerprint,
             debounce_ms=debounce_ms,
             force_polling=force_polling,
             catch_up=self._catch_up,
             name="fallback-rules-watch",
         )
-        self._seen: tuple[tuple[str, int, int], ...] = ()
+        self._seen: Fingerprint = None
 
     def reload(self) -> bool:
         """Load now; on error log it, keep the previous rules, return False."""
@@ -303,11 +309,12 @@ class RuleStore:
         """The rule to answer with; the built-in default when no file defines one."""
         return self.rules.match(alias, cls, tenant, last_user_text) or BUILTIN_DEFAULT
 
-    def _fingerprint(self) -> tuple[tuple[str, int, int], ...]:
+    def _fingerprint(self) -> Fingerprint:
+        """What the rules path and each rule file resolve to now (real path, inode, size, mtime)."""
         with contextlib.suppress(OSError):
-            stats = [(str(p), p.stat()) for p in rule_files(self.path)]
-            return tuple((name, st.st_mtime_ns, st.st_size) for name, st in stats)
-        return ()
+            files = tuple((str(p), file_signature(p)) for p in rule_files(self.path))
+            return file_signature(self.path), files
+        return None
 
     def _catch_up(self) -> None:
         """Reload if files changed between the initial load and the watcher being ready."""
