@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.redact import MASK as REDACTED
 from gateway.redact import Redactor, has_escapes, public_prefix_len
-from gateway.wire.sse import DONE, event_data
+from gateway.wire.sse import DONE, event_data, lf_lines
 
 MIB = 1024 * 1024
 MASK = REDACTED.encode()
@@ -400,8 +400,7 @@ def first_event_complete(buf: bytes) -> bool:
     Raises InvalidAnswer when that event is not an OpenAI stream event (a JSON object or
     `[DONE]`) or is an error event.
     """
-    if b"\r" in buf:
-        buf = buf.replace(b"\r\n", b"\n")
+    buf = lf_lines(buf)
     start = 0
     while True:
         end = buf.find(b"\n\n", start)
