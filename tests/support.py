@@ -436,3 +436,54 @@ class ThreadedRawServer:
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+
+
+def completion_body(content: str, model: str = "m", **extra: Any) -> dict[str, Any]:
+    """A minimal chat completion an upstream answers with."""
+    return {
+        "id": "chatcmpl-s",
+        "object": "chat.completion",
+        "created": 1,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+        **extra,
+    }
+
+
+class JsonRawServer(ThreadedRawServer):
+    """A raw upstream that reads one JSON request per connection and writes one JSON answer
+    (`connection: close`); subclasses implement `answer(request) -> (status, body)` and may sleep
+    in it. A client that leaves early is ignored."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def answer(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        raise NotImplementedError
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            length = 0
+            for line in head[1:]:
+                if line.lower().startswith("content-length:"):
+                    length = int(line.split(":", 1)[1])
+            status, body = await self.answer(json.loads(await reader.readexactly(length)))
+            data = json.dumps(body).encode()
+            writer.write(
+                b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                b"connection: close\r\n\r\n%s" % (status, len(data), data)
+            )
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()

@@ -6,18 +6,17 @@ nor frees a probe slot it never held (letting more probes than `half_open_probes
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from gateway.resilience.breaker import BreakerSettings, BreakerState, CircuitBreaker
 from gateway.resilience.failures import FailureKind
-from tests.support import FakeClock, GatewayServer, ThreadedRawServer, poll
+from tests.support import FakeClock, GatewayServer, JsonRawServer, completion_body, poll
 
 SETTINGS = BreakerSettings(consecutive_failures=2, cooldown_s=1.0, half_open_probes=1)
 
@@ -89,57 +88,18 @@ def test_the_probe_own_outcomes_still_decide() -> None:
 # -- through the gateway ---------------------------------------------------------------------
 
 
-class Scripted(ThreadedRawServer):
+class Scripted(JsonRawServer):
     """An upstream whose answer is named by the request's last message: `late-503` answers a
     503 after 1.5 s, `503` at once, `slow-ok` a completion after 1.2 s, anything else at once."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            length = next(
-                int(h.split(":", 1)[1]) for h in head if h.lower().startswith("content-length:")
-            )
-            req = json.loads(await reader.readexactly(length))
-            what = req["messages"][-1]["content"]
-            status, body = (
-                200,
-                {
-                    "id": "chatcmpl-s",
-                    "object": "chat.completion",
-                    "created": 1,
-                    "model": "m",
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": "ok"},
-                            "finish_reason": "stop",
-                        }
-                    ],
-                },
-            )
-            if what in ("late-503", "503"):
-                await asyncio.sleep(1.5 if what == "late-503" else 0.0)
-                status, body = 503, {"error": {"message": "overloaded", "type": "server_error"}}
-            elif what == "slow-ok":
-                await asyncio.sleep(1.2)
-            data = json.dumps(body).encode()
-            writer.write(
-                b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                b"connection: close\r\n\r\n%s" % (status, len(data), data)
-            )
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
+    async def answer(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        what = request["messages"][-1]["content"]
+        if what in ("late-503", "503"):
+            await asyncio.sleep(1.5 if what == "late-503" else 0.0)
+            return 503, {"error": {"message": "overloaded", "type": "server_error"}}
+        if what == "slow-ok":
+            await asyncio.sleep(1.2)
+        return 200, completion_body("ok")
 
 
 @pytest.fixture

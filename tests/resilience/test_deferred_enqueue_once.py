@@ -7,7 +7,6 @@ upstream on loopback)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import tempfile
 from collections.abc import Callable, Iterator
@@ -18,10 +17,10 @@ import httpx
 import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from tests.support import GatewayServer, ThreadedRawServer, poll
+from tests.support import GatewayServer, JsonRawServer, completion_body, poll
 
 
-class Switchable(ThreadedRawServer):
+class Switchable(JsonRawServer):
     """An upstream that answers 503 while `down`, else a completion; records what it answered."""
 
     def __init__(self) -> None:
@@ -29,47 +28,11 @@ class Switchable(ThreadedRawServer):
         self.down = True
         self.answered: list[str] = []
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            length = next(
-                int(h.split(":", 1)[1]) for h in head if h.lower().startswith("content-length:")
-            )
-            req = json.loads(await reader.readexactly(length))
-            status, body = 503, {"error": {"message": "down", "type": "server_error"}}
-            if not self.down:
-                self.answered.append(req["messages"][-1]["content"])
-                status, body = (
-                    200,
-                    {
-                        "id": "chatcmpl-s",
-                        "object": "chat.completion",
-                        "created": 1,
-                        "model": "m",
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": "replayed"},
-                                "finish_reason": "stop",
-                            }
-                        ],
-                    },
-                )
-            data = json.dumps(body).encode()
-            writer.write(
-                b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                b"connection: close\r\n\r\n%s" % (status, len(data), data)
-            )
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
+    async def answer(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if self.down:
+            return 503, {"error": {"message": "down", "type": "server_error"}}
+        self.answered.append(request["messages"][-1]["content"])
+        return 200, completion_body("replayed")
 
 
 @pytest.fixture
