@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, bad_request
 from gateway.governance.keys import duplicate_member
 from gateway.governance.static_keys import bearer_key
 from gateway.policy.schema import ENV_REF
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from gateway.runtime import ProviderState, Runtime
 
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+MAX_QUERY_VALUE_CHARS = 256
+_ECHO = 40  # characters of a refused query name or value echoed in the error
+_TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no", ""})
 STATIC = Path(__file__).resolve().parents[1] / "static"
 _STATIC_FILES = {
     "dashboard.js": "text/javascript; charset=utf-8",
@@ -79,6 +82,44 @@ def require_dashboard(request: Request) -> None:
     """The page itself holds no data: public with an admin key (it asks for it), else loopback."""
     if not os.environ.get("GATEWAY_ADMIN_KEY", "").strip():
         _require_loopback(request)
+
+
+def _echo(text: str) -> str:
+    shown = text[:_ECHO].encode("unicode_escape").decode("ascii")
+    return shown + ("..." if len(text) > _ECHO else "")
+
+
+def query_params(request: Request, allowed: frozenset[str]) -> dict[str, str]:
+    """An admin route's query: only the names it takes, each at most once, values bounded and
+    printable (a typo or a repeated name is a 400, never silently another answer)."""
+    out: dict[str, str] = {}
+    for name, value in request.query_params.multi_items():
+        if name not in allowed:
+            raise bad_request(
+                f"Unknown query parameter '{_echo(name)}' (this route takes: "
+                f"{', '.join(sorted(allowed)) or 'none'}).",
+                param=_echo(name),
+                code="invalid_query",
+            )
+        if name in out:
+            raise bad_request(f"'{name}' given twice.", param=name, code="invalid_query")
+        if len(value) > MAX_QUERY_VALUE_CHARS or not value.isprintable():
+            raise bad_request(
+                f"'{name}' must be printable text of at most {MAX_QUERY_VALUE_CHARS} characters.",
+                param=name,
+                code="invalid_query",
+            )
+        out[name] = value
+    return out
+
+
+def query_flag(params: dict[str, str], name: str) -> bool:
+    value = params.get(name, "").lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise bad_request(f"'{name}' must be true or false.", param=name, code="invalid_query")
 
 
 def _json(data: object, status: int = 200) -> Response:
@@ -233,21 +274,27 @@ async def _breaker_state(request: Request) -> BreakerState:
         ) from None
 
 
+_NONE: frozenset[str] = frozenset()
+
+
 def admin_router(views: AdminViews) -> APIRouter:
     """Admin routes (all behind `require_admin`)."""
     router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
     runtime = views.runtime
 
     @router.get("/members")
-    async def members() -> Response:
+    async def members(request: Request) -> Response:
+        query_params(request, _NONE)
         return _json({"members": views.members()})
 
     @router.get("/pools")
-    async def pools() -> Response:
+    async def pools(request: Request) -> Response:
+        query_params(request, _NONE)
         return _json({"pools": views.pools()})
 
     @router.get("/policy")
-    async def policy(full: bool = False) -> Response:
+    async def policy(request: Request) -> Response:
+        full = query_flag(query_params(request, frozenset({"full"})), "full")
         doc = views.policy()
         if full:
             snap = runtime.snapshot
@@ -259,12 +306,14 @@ def admin_router(views: AdminViews) -> APIRouter:
         return _json(doc)
 
     @router.get("/breakers")
-    async def breakers() -> Response:
+    async def breakers(request: Request) -> Response:
+        query_params(request, _NONE)
         snap = runtime.snapshot
         return _json({name: p.breaker.snapshot() for name, p in snap.providers.items()})
 
     @router.get("/stats")
-    async def stats() -> Response:
+    async def stats(request: Request) -> Response:
+        query_params(request, _NONE)
         return _json(views.stats())
 
     @router.post("/members/{name}/drain")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from starlette.responses import Response
 from gateway.errors import GatewayError, bad_request
 from gateway.governance.keys import KeyCreate, KeyRecord, KeyUpdate, parse_admin
 from gateway.governance.spend import GROUPS, NANO
-from gateway.http.admin import require_admin
+from gateway.http.admin import query_params, require_admin
 
 if TYPE_CHECKING:
     from gateway.governance.service import GovernanceService
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 MAX_DAYS = 366
 _NULLABLE = frozenset({"expires_at"})  # PATCH fields whose null means something (no expiry)
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_SPEND_QUERY = frozenset({"tenant", "key", "alias", "from", "to", "group_by"})
+_KEYS_QUERY = frozenset({"tenant"})
 log = logging.getLogger("gateway.governance")
 
 
@@ -90,10 +94,16 @@ def _public(recs: list[KeyRecord], gov: GovernanceService) -> list[dict[str, Any
 def _day(value: str | None, default: dt.date, name: str) -> dt.date:
     if not value:
         return default
-    try:
-        return dt.date.fromisoformat(value[:10])
-    except ValueError:
-        raise bad_request(f"'{name}' must be a date (YYYY-MM-DD).", param=name) from None
+    # The whole value (a prefix that happens to be a date is not one): fromisoformat alone also
+    # takes 20260101 and 2026-W01-1.
+    if _DATE.fullmatch(value):
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise bad_request(
+        f"'{name}' must be a date (YYYY-MM-DD).", param=name, code="invalid_query"
+    ) from None
 
 
 def governance_router(gov: GovernanceService, runtime: Runtime) -> APIRouter:
@@ -109,12 +119,14 @@ def governance_router(gov: GovernanceService, runtime: Runtime) -> APIRouter:
         return _json({**rec.public(), "key": secret}, 201)
 
     @router.get("/keys")
-    async def list_keys(tenant: str | None = None) -> Response:
+    async def list_keys(request: Request) -> Response:
+        tenant = query_params(request, _KEYS_QUERY).get("tenant")
         recs = [r for r in gov.keys.all() if tenant is None or r.tenant == tenant]
         return _json({"keys": _public(recs, gov)})
 
     @router.get("/keys/{key_id}")
-    async def get_key(key_id: str) -> Response:
+    async def get_key(key_id: str, request: Request) -> Response:
+        query_params(request, frozenset())
         rec = gov.keys.get(key_id)
         shown = _public([rec], gov) if rec is not None else []
         if not shown:
@@ -160,20 +172,23 @@ def governance_router(gov: GovernanceService, runtime: Runtime) -> APIRouter:
         return _json(rec.public())
 
     @router.get("/spend")
-    async def spend(
-        tenant: str | None = None,
-        key: str | None = None,
-        alias: str | None = None,
-        group_by: str = "day",
-        request: Request = None,  # type: ignore[assignment]
-    ) -> Response:
+    async def spend(request: Request) -> Response:
+        q = query_params(request, _SPEND_QUERY)
+        group_by = q.get("group_by") or "day"
         if group_by not in GROUPS:
-            raise bad_request(f"'group_by' must be one of {', '.join(GROUPS)}.", param="group_by")
+            raise bad_request(
+                f"'group_by' must be one of {', '.join(GROUPS)}.",
+                param="group_by",
+                code="invalid_query",
+            )
         today = dt.datetime.now(dt.UTC).date()
-        start = _day(request.query_params.get("from"), today - dt.timedelta(days=29), "from")
-        end = _day(request.query_params.get("to"), today, "to")
+        start = _day(q.get("from"), today - dt.timedelta(days=29), "from")
+        end = _day(q.get("to"), today, "to")
         if end < start or (end - start).days >= MAX_DAYS:
-            raise bad_request(f"'from'..'to' must span 1 to {MAX_DAYS} days.", param="from")
+            raise bad_request(
+                f"'from'..'to' must span 1 to {MAX_DAYS} days.", param="from", code="invalid_query"
+            )
+        tenant, key, alias = q.get("tenant"), q.get("key"), q.get("alias")
         days = [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
         try:
             doc = await gov.ledger.query(days, tenant, key, alias, group_by)
@@ -187,7 +202,8 @@ def governance_router(gov: GovernanceService, runtime: Runtime) -> APIRouter:
         return _json({"from": days[0], "to": days[-1], **doc})
 
     @router.get("/usage")
-    async def usage() -> Response:
+    async def usage(request: Request) -> Response:
+        query_params(request, frozenset())
         return _json(usage_view(gov, runtime))
 
     return router
