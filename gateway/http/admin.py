@@ -19,9 +19,10 @@ from fastapi import APIRouter, Depends
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.errors import GatewayError, bad_request
+from gateway.errors import GatewayError, bad_request, too_large
 from gateway.governance.keys import duplicate_member
 from gateway.governance.static_keys import bearer_key
+from gateway.pipeline.stages.accept import read_body
 from gateway.policy.schema import ENV_REF
 from gateway.redact import redacted_dump
 from gateway.resilience.breaker import BreakerState
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from gateway.runtime import ProviderState, Runtime
 
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+# Admin bodies are small JSON documents (a key spec is ~1 KB): a larger one is refused while it
+# arrives, never read whole.
+MAX_ADMIN_BODY_BYTES = 1 << 20
 MAX_QUERY_VALUE_CHARS = 256
 _ECHO = 40  # characters of a refused query name or value echoed in the error
 _TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no", ""})
@@ -82,6 +86,17 @@ def require_dashboard(request: Request) -> None:
     """The page itself holds no data: public with an admin key (it asks for it), else loopback."""
     if not os.environ.get("GATEWAY_ADMIN_KEY", "").strip():
         _require_loopback(request)
+
+
+async def admin_body(request: Request) -> bytes:
+    """An admin request's body, at most MAX_ADMIN_BODY_BYTES (a 413 as soon as it is larger,
+    by its content-length or while it arrives)."""
+    try:
+        return await read_body(request, MAX_ADMIN_BODY_BYTES)
+    except GatewayError as e:
+        if e.status == 413:
+            raise too_large(MAX_ADMIN_BODY_BYTES) from None
+        raise
 
 
 def _echo(text: str) -> str:
@@ -259,7 +274,7 @@ def _member(runtime: Runtime, name: str) -> ProviderState:
 
 
 async def _breaker_state(request: Request) -> BreakerState:
-    raw = await request.body()
+    raw = await admin_body(request)
     try:
         if duplicate_member(raw) is not None:
             raise ValueError("a member given twice")  # which one was meant is unknown

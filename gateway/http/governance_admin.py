@@ -28,7 +28,7 @@ from starlette.responses import Response
 from gateway.errors import GatewayError, bad_request
 from gateway.governance.keys import KeyCreate, KeyRecord, KeyUpdate, parse_admin
 from gateway.governance.spend import GROUPS, NANO
-from gateway.http.admin import query_params, require_admin
+from gateway.http.admin import admin_body, query_params, require_admin
 
 if TYPE_CHECKING:
     from gateway.governance.service import GovernanceService
@@ -53,7 +53,7 @@ def _json(data: object, status: int = 200) -> Response:
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:
     try:
-        return parse_admin(model, await request.body() or b"{}")
+        return parse_admin(model, await admin_body(request) or b"{}")
     except ValidationError as e:
         first = e.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or None
