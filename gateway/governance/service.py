@@ -215,8 +215,7 @@ class GovernanceService:
         g = snap.policy.governance
         if g is not self._configured:
             self.configure(g)  # a reloaded policy
-        if p.record is not None and p.record.aliases and acc.model not in p.record.aliases:
-            raise model_not_found(acc.model)
+        self.check_alias(p, acc.model)
         t_limits, k_limits, t_budget, k_budget, unlimited = self._policies(g, p)
         now = time.time()
         ticket = Ticket(p)
@@ -422,6 +421,13 @@ class GovernanceService:
             h[f"x-ratelimit-remaining-{dim}"] = str(int(b.remaining(now)))
             h[f"x-ratelimit-reset-{dim}"] = duration(b.reset_s(now))
         return h
+
+    @staticmethod
+    def check_alias(p: Principal, model: str) -> None:
+        """Refuse an alias the caller's key may not use, as an alias that does not exist is
+        refused: which aliases exist for others is not told (requests, explain)."""
+        if p.record is not None and p.record.aliases and model not in p.record.aliases:
+            raise model_not_found(model)
 
     @staticmethod
     def visible_models(p: Principal, names: Iterable[str]) -> list[str]:

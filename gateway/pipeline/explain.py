@@ -167,6 +167,9 @@ async def explain_http(request: Request, pipeline: Pipeline) -> Response:
     router = pipeline.dispatcher.router
 
     async def dry_run(call: Call) -> Response:
+        # What the request itself would be told for an alias its key may not use (the Limit
+        # stage's refusal): never another team's routes.
+        pipeline.governance.check_alias(call.principal, call.acc.model)
         out = explain_live(
             call.snap,
             router,

@@ -1,0 +1,66 @@
+"""Explain refuses an alias the caller's key may not use as the request itself is refused (the
+same 404 as an alias that does not exist): other teams' routes are not shown. Real gateways on
+loopback, the project's simulator, real Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from loadtests.simulator.testing import Fleet
+from tests.support import GatewayServer
+
+
+def _policy(url: str) -> str:
+    return f"""
+providers:
+  p: {{base_url: '{url}', models: {{'*': sim}}}}
+pools:
+  main: {{members: [p]}}
+  secret-pool: {{members: [p]}}
+models:
+  chat: {{pool: main}}
+  other: {{pool: secret-pool}}
+"""
+
+
+@pytest.fixture
+def gw(fleet: Fleet, gateway: Callable[..., GatewayServer], redis_url, redis_prefix, monkeypatch):
+    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
+    monkeypatch.delenv("GATEWAY_API_KEYS", raising=False)
+    return gateway(_policy(fleet.url("a")), redis_url=redis_url)
+
+
+def test_explain_refuses_aliases_the_key_may_not_use(gw: GatewayServer) -> None:
+    key = httpx.post(gw.url + "/admin/keys", json={"tenant": "t", "aliases": ["chat"]}).json()
+    auth = {"authorization": f"Bearer {key['key']}"}
+    body = {"model": "other", "messages": [{"role": "user", "content": "hi"}]}
+    for path in ("/chat/completions", "/gateway/explain"):
+        r = httpx.post(gw.base_url + path, json=body, headers=auth, timeout=10)
+        assert r.status_code == 404, (path, r.text)
+        assert r.json()["error"]["code"] == "model_not_found"
+        assert "secret-pool" not in r.text
+    refused = [
+        httpx.post(gw.base_url + p, json={**body, "model": m}, headers=auth, timeout=10).json()
+        for p in ("/chat/completions", "/gateway/explain")
+        for m in ("other", "no-such-alias")
+    ]
+    # Forbidden and unknown aliases read alike (the same answer, the alias's name aside).
+    shapes = {str(e["error"] | {"message": ""}) for e in refused}
+    assert len(shapes) == 1
+    allowed = httpx.post(
+        gw.base_url + "/gateway/explain", json={**body, "model": "chat"}, headers=auth, timeout=10
+    )
+    assert allowed.status_code == 200 and allowed.json()["pools"] == ["main"]
+    # A key without an alias list (every alias) still sees every route.
+    every = httpx.post(gw.url + "/admin/keys", json={"tenant": "t"}).json()
+    r = httpx.post(
+        gw.base_url + "/gateway/explain",
+        json=body,
+        headers={"authorization": f"Bearer {every['key']}"},
+        timeout=10,
+    )
+    assert r.status_code == 200 and r.json()["pools"] == ["secret-pool"]
