@@ -8,7 +8,9 @@ is stored once complete and replayed as SSE when a streaming request hits.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import struct
 import time
 from collections import OrderedDict
 from typing import Any, Protocol
@@ -24,6 +26,10 @@ IGNORED_FIELDS = frozenset(
 )
 
 
+# 1 MiB: a chat answer is a few KB; a large embeddings batch still fits.
+DEFAULT_MAX_ENTRY_BYTES = 2**20
+
+
 class ExactSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -32,6 +38,13 @@ class ExactSettings(BaseModel):
     allow_nonzero_temperature: bool = Field(
         False,
         description="Cache sampled (temperature > 0) answers too; off = only deterministic ones.",
+    )
+    max_entry_bytes: int = Field(
+        DEFAULT_MAX_ENTRY_BYTES,
+        ge=1024,
+        le=64 * 2**20,
+        description="Answers larger than this are not stored (one huge answer would evict "
+        "hundreds of ordinary ones, or hold a large Redis value for the whole TTL).",
     )
 
 
@@ -60,6 +73,27 @@ def exact_key(
     if route:  # left out when empty: keys of callers without a route are unchanged
         h.update(b"\0" + route.encode())
     return h.hexdigest()
+
+
+# An entry is this marker, the time it was stored (Unix seconds, a big-endian double) and the
+# answer: a client's `Cache-Control: max-age=N` needs the entry's age. JSON never starts with a
+# NUL byte, so entries written before the marker (the answer alone) are told apart: their age is
+# unknown.
+_ENTRY_MARK = b"\x00gwx1"
+_ENTRY_HEAD = len(_ENTRY_MARK) + 8
+
+
+def pack_entry(body: bytes, stored_at: float) -> bytes:
+    return _ENTRY_MARK + struct.pack(">d", stored_at) + body
+
+
+def unpack_entry(raw: bytes) -> tuple[float | None, bytes]:
+    """(when it was stored, or None when unknown; the answer). Entries come back from Redis,
+    which other processes write: a time that is not a finite number is unknown."""
+    if not raw.startswith(_ENTRY_MARK) or len(raw) < _ENTRY_HEAD:
+        return None, raw
+    (stored_at,) = struct.unpack(">d", raw[len(_ENTRY_MARK) : _ENTRY_HEAD])
+    return (stored_at if math.isfinite(stored_at) else None), raw[_ENTRY_HEAD:]
 
 
 class Store(Protocol):

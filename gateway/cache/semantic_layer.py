@@ -201,13 +201,15 @@ class SemanticLayer:
 
     def not_stored(self, reason: str) -> None:
         """An answer the cache stage does not store (content_filter: a content filter stopped
-        it; incomplete: a stream's assembled answer is not what was streamed)."""
+        it; incomplete: a stream's assembled answer is not what was streamed; exact_too_big: an
+        answer over the exact cache's max_entry_bytes)."""
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
     def store_stats(self) -> tuple[int, dict[str, int]]:
-        """Stores done and stores refused by reason (for metrics)."""
+        """Stores done and stores refused by reason (for metrics; the exact cache's refusals,
+        `exact_*`, are counted here too, semantic cache or not)."""
         if self.cache is None:
-            return 0, {}
+            return 0, dict(self.skipped)
         refused = dict(self.cache.refused)
         for reason, n in self.skipped.items():
             refused[reason] = refused.get(reason, 0) + n

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from gateway.cache.exact import Store, cacheable, exact_key
+from gateway.cache.exact import Store, cacheable, exact_key, pack_entry, unpack_entry
 from gateway.cache.replay import replay_events
 from gateway.cache.semantic_layer import SemanticLayer, SemanticPlan
 from gateway.cache.singleflight import LeaderGone, SingleFlight, wait
@@ -74,9 +75,9 @@ def cache_directives(cache_control: str | None, pragma: str | None = None) -> fr
     write) and "no-cache" (skip the lookup, store the fresh answer).
 
     Directives are matched whole, case-insensitively. `max-age=0` is a "no-cache" (the client
-    accepts no stored answer, whatever its age, RFC 9111 5.2.1.1); a larger max-age is not
-    acted on (entries do not record their age). `Pragma: no-cache` counts only without a
-    Cache-Control header (RFC 9111 5.4).
+    accepts no stored answer, whatever its age, RFC 9111 5.2.1.1); a larger one is
+    `cache_max_age`. `Pragma: no-cache` counts only without a Cache-Control header (RFC 9111
+    5.4).
     """
     found: set[str] = set()
     if cache_control is None:
@@ -90,9 +91,34 @@ def cache_directives(cache_control: str | None, pragma: str | None = None) -> fr
             found.add(name)
         elif name == "max-age":
             value = value.strip().strip('"')
-            if value.isascii() and value.isdigit() and int(value) == 0:
+            # Zero without int(): thousands of digits are past int()'s limit (a 500).
+            if value.isascii() and value.isdigit() and not value.strip("0"):
                 found.add("no-cache")
     return frozenset(found)
+
+
+#: The largest max-age read (RFC 9111 1.2.2: a larger delta-seconds is taken as 2^31).
+MAX_AGE_LIMIT = 2**31
+
+
+def cache_max_age(cache_control: str | None) -> int | None:
+    """The request's `Cache-Control: max-age=N` (N > 0): serve an exact-cache entry only when
+    it is younger than N seconds. None without one; anything but ASCII digits is ignored; N
+    beyond 2^31 is 2^31; with several, the smallest (the strictest) counts."""
+    if cache_control is None:
+        return None
+    found: int | None = None
+    for part in cache_control.split(","):
+        name, _, value = part.partition("=")
+        if name.strip().lower() != "max-age":
+            continue
+        value = value.strip().strip('"')
+        # Bounded before int(): a thousand digits are a cap, not a big-number parse.
+        if not (value.isascii() and value.isdigit()):
+            continue
+        n = MAX_AGE_LIMIT if len(value) > 10 else min(int(value), MAX_AGE_LIMIT)
+        found = n if found is None else min(found, n)
+    return found if found else None
 
 
 def storable(body: bytes) -> bool:
@@ -186,6 +212,8 @@ class CachePlan:
     ttl_s: int
     semantic: SemanticPlan | None = None
     leader: bool = False
+    max_age_s: int | None = None  # the client's Cache-Control max-age: older entries are misses
+    max_entry_bytes: int = 2**20  # larger answers are not stored in the exact cache
 
 
 class Cache:
@@ -265,12 +293,19 @@ class Cache:
         if semantic is not None and "no-cache" in cc:
             semantic.refresh = True
         return CachePlan(
-            key, read="no-cache" not in cc, write=use_exact, ttl_s=ttl, semantic=semantic
+            key,
+            read="no-cache" not in cc,
+            write=use_exact,
+            ttl_s=ttl,
+            semantic=semantic,
+            max_age_s=cache_max_age(headers.get("cache-control")),
+            max_entry_bytes=exact.max_entry_bytes,
         )
 
     async def _lookup(self, plan: CachePlan, ctx: Context) -> bytes | None:
         if plan.read and plan.write:
-            hit = await self.exact.get(plan.key)
+            raw = await self.exact.get(plan.key)
+            hit = self._fresh_enough(plan, raw) if raw is not None else None
             if hit is not None:
                 ctx.cache = "hit-exact"
                 return hit
@@ -291,6 +326,18 @@ class Cache:
         if shared is not None:
             ctx.cache = "hit-exact" if plan.read else "miss"
         return shared
+
+    @staticmethod
+    def _fresh_enough(plan: CachePlan, raw: bytes) -> bytes | None:
+        """The entry's answer, or None (a miss) when the client's max-age excludes it: older
+        than max-age, or of unknown age (written before entries recorded it)."""
+        stored_at, body = unpack_entry(raw)
+        if plan.max_age_s is None:
+            return body
+        if stored_at is None:
+            return None
+        # An entry a little in the future (another replica's clock) is taken as new.
+        return body if time.time() - stored_at < plan.max_age_s else None
 
     async def _race(
         self, call: Call, next: Next, plan: CachePlan, lookup: asyncio.Future[Any]
@@ -362,7 +409,11 @@ class Cache:
             self._unstored(plan, "content_filter")
             return None
         if plan.write:
-            asyncio.get_running_loop().create_task(self.exact.set(plan.key, body, plan.ttl_s))
+            if len(body) > plan.max_entry_bytes:
+                self._unstored(plan, "too_big", exact=True)
+            else:
+                entry = pack_entry(body, time.time())
+                asyncio.get_running_loop().create_task(self.exact.set(plan.key, entry, plan.ttl_s))
         if plan.semantic is not None:
             task = self.semantic.store(plan.semantic, body)
             return task if plan.semantic.refresh else None
@@ -378,11 +429,14 @@ class Cache:
         else:
             self._store(plan, completion)
 
-    def _unstored(self, plan: CachePlan, reason: str) -> None:
-        """An answer the caches do not keep: counted here, and for the semantic cache as a
-        refused store (`gateway_semantic_stores_total{outcome="refused",reason}`)."""
+    def _unstored(self, plan: CachePlan, reason: str, exact: bool = False) -> None:
+        """An answer the caches do not keep: counted here, and as a refused store
+        (`gateway_semantic_stores_total{outcome="refused",reason}`): for the semantic cache,
+        or, `exact`, for the exact cache only (reason `exact_<reason>`)."""
         self.unstored += 1
-        if plan.semantic is not None:
+        if exact:
+            self.semantic.not_stored(f"exact_{reason}")
+        elif plan.semantic is not None:
             self.semantic.not_stored(reason)
 
     def _abort(self, plan: CachePlan, exc: BaseException) -> None:
