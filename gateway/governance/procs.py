@@ -3,6 +3,12 @@
 Each process writes its id with the current time every `beat_s`; the count of ids seen within
 `stale_s` is the N by which limits are divided when Redis goes away, and the concurrency leases
 of processes that stopped beating are reclaimed.
+
+The set is data written by others (as `gateway.infra.shares`' process set): every beat trims
+entries older than `stale_s` and entries dated further ahead than `MAX_AHEAD_S` (no process
+writes them: a far-future or infinite score would count as a live process for ever), reads at
+most `MAX_PROCESSES` live entries and counts only those shaped like a process id; the key expires
+a few staleness periods after the last beat, so a fleet that stopped leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -10,10 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import time
 from typing import Any
 
 from gateway.infra.shared_state import SharedState
+
+PROCESS_ID = re.compile(r"^[0-9]{1,10}-[0-9a-f]{8}$")  # as Processes writes it: pid-hex
+MAX_AHEAD_S = 60.0  # clocks of processes differ a little, never by a minute
+MAX_PROCESSES = 1024
 
 
 class Processes:
@@ -32,11 +43,18 @@ class Processes:
             now = time.time()
             async with r.pipeline(transaction=False) as p:
                 p.zadd(self.key, {self.id: now})
-                p.zremrangebyscore(self.key, "-inf", now - self.stale_s)
-                p.zcard(self.key)
-                p.expire(self.key, 3600)
+                p.zremrangebyscore(self.key, "-inf", f"({now - self.stale_s}")
+                p.zremrangebyscore(self.key, f"({now + MAX_AHEAD_S}", "+inf")
+                p.zrangebyscore(
+                    self.key, now - self.stale_s, now + MAX_AHEAD_S, start=0, num=MAX_PROCESSES
+                )
+                p.expire(self.key, max(30, int(3 * self.stale_s)))
                 res = await p.execute()
-            return int(res[2])
+            texts = (
+                m.decode("utf-8", "replace") if isinstance(m, bytes) else str(m) for m in res[3]
+            )
+            ids = {t for t in texts if PROCESS_ID.fullmatch(t)} | {self.id}
+            return min(len(ids), MAX_PROCESSES)
 
         n = await self.state.call(run, None)
         if n is not None:
