@@ -37,6 +37,7 @@ from gateway.providers.common import (
     require_turns,
     unsupported_role,
 )
+from gateway.resilience.failures import member_caused
 from gateway.wire.sse import DONE, encode_event
 
 # ---------------------------------------------------------------------------- requests
@@ -424,7 +425,7 @@ def map_error(status: int, headers: Mapping[str, str], body: bytes) -> MappedErr
     if kind == "upstream_4xx" and _BAD_MODEL.search(message):
         kind = "upstream_auth"
     if kind is None:
-        if status in (401, 403, 404):
+        if member_caused(status):
             kind = "upstream_auth"
         elif status == 429:
             kind = "rate_limited"

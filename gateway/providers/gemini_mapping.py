@@ -43,6 +43,7 @@ from gateway.providers.common import (
     usage,
 )
 from gateway.providers.upstream import TRANSIENT_4XX
+from gateway.resilience.failures import member_caused
 from gateway.wire.sse import SSESplitter, event_data
 
 _DATA_URL = re.compile(
@@ -357,7 +358,7 @@ def map_error(status: int, body: bytes) -> MappedError:
     message = err.get("message") if isinstance(err.get("message"), str) else ""
     g_status = err.get("status") if isinstance(err.get("status"), str) else ""
     said = message + " " + orjson.dumps(err.get("details") or []).decode()
-    if status in (401, 403, 404) or (status == 400 and _AUTH_REASONS.search(said)):
+    if member_caused(status) or (status == 400 and _AUTH_REASONS.search(said)):
         kind = "upstream_auth"
     elif status == 429:
         kind = "rate_limited"

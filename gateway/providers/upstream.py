@@ -108,7 +108,7 @@ def _status_failure(
             headers=fwd,
             retry_after=parse_retry_after(headers.get("retry-after")),
         )
-    if resp_status in (401, 403, 404) or (
+    if failures.member_caused(resp_status) or (
         resp_status in (400, 422) and _MODEL_NOT_FOUND.search(body[:4096])
     ):
         # The gateway's own key was refused, or the mapped model or path does not exist there:

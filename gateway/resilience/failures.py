@@ -46,6 +46,19 @@ def failure_kind(kind: str) -> FailureKind:
         return FailureKind.ATTEMPT_ERROR
 
 
+# HTTP statuses that say the member is misconfigured, whatever the client sent: its key refused
+# (401, 403), its account out of credit (402), the mapped model or path not there (404, 405, 410).
+# They are `upstream_auth` failures (another member is tried, the breaker opens), never a client
+# error relayed as it is: such a member answers every request at once, and a 4xx that counted for
+# nothing would leave its cost looking idle and fast, drawing most of the pool's traffic.
+MEMBER_CAUSED_4XX = frozenset({401, 402, 403, 404, 405, 410})
+
+
+def member_caused(status: int) -> bool:
+    """Whether a provider's 4xx status is the member's fault rather than the request's."""
+    return status in MEMBER_CAUSED_4XX
+
+
 # A client error is the caller's fault: another member would answer the same.
 _NEVER_RETRYABLE = frozenset({FailureKind.UPSTREAM_4XX})
 
