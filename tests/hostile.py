@@ -387,10 +387,10 @@ class HostileUpstream:
     async def mode_bigevent(
         self, w: asyncio.StreamWriter, req: dict, endpoint: str, key: str
     ) -> None:
-        """A first chunk, then a 10 MB event that never ends."""
+        """A first chunk with text, then a 10 MB event that never ends."""
         model = req.get("model", "m")
         await self._start_chunked(w, "text/event-stream")
-        await self._chunk_out(w, _chunk(model, {"role": "assistant", "content": ""}))
+        await self._chunk_out(w, _chunk(model, {"role": "assistant", "content": "par"}))
         await self._chunk_out(w, b'data: {"choices":[{"delta":{"content":"')
         block = b"a" * MIB
         for _ in range(BIG_EVENT // MIB):

@@ -25,7 +25,13 @@ import yarl
 
 from gateway.policy.schema import Provider, Timeouts
 from gateway.resilience import failures
-from gateway.wire.answer_checks import InvalidAnswer, first_event_complete, is_event_stream
+from gateway.wire.answer_checks import (
+    InvalidAnswer,
+    commits,
+    first_event_complete,
+    is_event_stream,
+)
+from gateway.wire.sse import EventTooLarge, SSESplitter
 
 # Response headers are never forwarded wholesale: a provider or its proxy adds organisation ids,
 # internal host names, cookies, CORS and `www-authenticate` headers. The gateway sets its own
@@ -191,7 +197,8 @@ class UpstreamResponse:
 
 @dataclass(slots=True)
 class UpstreamStream:
-    """An open stream whose first chunk has already arrived (so a retry is still possible before)."""
+    """An open stream whose first chunk with part of the answer has already arrived (`first`:
+    every byte up to it), so a retry was still possible before."""
 
     status: int
     headers: dict[str, str]
@@ -517,11 +524,12 @@ class UpstreamClient:
         timeouts: Timeouts,
         translate: Callable[[bytes], bytes] | None = None,
     ) -> UpstreamStream:
-        """Open a stream and wait for its first complete event (bounded by first_byte_s).
+        """Open a stream and wait for its first complete event (bounded by first_byte_s), then
+        for its first event with part of the answer (`commits`: not a role-only chunk).
 
-        Until that event arrived nothing was sent to the client, so an answer that is no event
-        stream (HTML, a JSON body, an error event, a stream that ends first) is a `bad_response`
-        that can still be retried on another member.
+        Until then nothing was sent to the client, so an answer that is no event stream (HTML, a
+        JSON body, an error event, a stream that ends or stalls first) is an attempt failure that
+        can still be retried on another member.
         """
         self._hold()
         try:
@@ -555,12 +563,13 @@ class UpstreamClient:
                 if not self._wire.is_stream(resp.headers.get("content-type")):
                     raise UpstreamFailure("bad_response", "answer to a stream is not an SSE stream")
                 first = await self._first_event(resp)
-                if translate is not None:
-                    first = translate(first)
-        except (UpstreamFailure, InvalidAnswer) as e:
+            # Nothing goes to the client before an event with part of the answer: a role-only
+            # chunk and then a stall still fails over (gaps bounded by idle_s, as later ones).
+            first = await self._until_answer(resp, first, translate, deadline, timeouts.idle_s)
+        except (UpstreamFailure, InvalidAnswer, EventTooLarge) as e:
             if resp is not None:
                 resp.close()
-            if isinstance(e, InvalidAnswer):
+            if not isinstance(e, UpstreamFailure):
                 raise UpstreamFailure("bad_response", str(e)) from None
             raise
         except aiohttp.ConnectionTimeoutError:
@@ -589,6 +598,44 @@ class UpstreamClient:
             _idle_s=timeouts.idle_s,
             _translate=translate,
         )
+
+    async def _until_answer(
+        self,
+        resp: aiohttp.ClientResponse,
+        raw: bytes,
+        translate: Callable[[bytes], bytes] | None,
+        deadline: float,
+        idle_s: float,
+    ) -> bytes:
+        """The stream's (translated) bytes up to and including its first event that `commits`;
+        raises UpstreamFailure when the stream stalls, ends or errs before it."""
+        limit = self._limits.max_event_bytes
+        splitter = SSESplitter(limit)
+        content = resp.content
+        out = translate(raw) if translate is not None else raw
+        parts, size = [out], len(out)
+        while True:
+            for ev in splitter.feed(out):
+                if commits(ev):
+                    return parts[0] if len(parts) == 1 else b"".join(parts)
+            if size > limit:
+                raise UpstreamFailure("bad_response", f"no answer in the first {limit} bytes")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UpstreamFailure("total_timeout", "stream exceeded the total time limit")
+            try:
+                async with asyncio.timeout(min(idle_s, remaining)):
+                    chunk = await content.readany()
+            except TimeoutError:
+                kind = "idle_timeout" if remaining > idle_s else "total_timeout"
+                raise UpstreamFailure(kind, "no answer in the stream in time") from None
+            if not chunk:
+                if content.at_eof():
+                    raise UpstreamFailure("bad_response", "stream ended before any answer")
+                continue
+            out = translate(chunk) if translate is not None else chunk
+            parts.append(out)
+            size += len(out)
 
     async def _first_event(self, resp: aiohttp.ClientResponse) -> bytes:
         """Bytes up to (at least) the first complete data event; raises UpstreamFailure."""

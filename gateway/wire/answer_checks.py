@@ -434,6 +434,48 @@ def first_event_complete(buf: bytes) -> bool:
         start = end + 2
 
 
+def commits(event: bytes) -> bool:
+    """Whether a whole stream event carries part of the answer: text, a refusal, reasoning, a
+    tool call, a finish, usage or the end marker. A role-only chunk, an empty delta, a filter
+    annotation or a comment does not: a stream may still fail over to another member after it
+    (nothing of the answer was relayed yet). Raises InvalidAnswer for an error event or one that
+    is not a JSON object; other shapes count as content (the relay's checks say what they are).
+    """
+    if b"event:" in event and _ERROR_FIELD.search(event):
+        raise InvalidAnswer("the provider sent an error event")
+    data = event_data(event)
+    if data is None:
+        return False
+    if data == b"[DONE]":
+        return True
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        if not data.isascii():
+            return True  # a character cut between two events: the relay mends it
+        raise InvalidAnswer("the provider sent an event that is not JSON") from None
+    if type(doc) is not dict:
+        raise InvalidAnswer("the provider sent an event that is not a JSON object")
+    err = doc.get("error")
+    if err is not None and err is not False:
+        raise InvalidAnswer("the provider sent an error event")
+    choices = doc.get("choices")
+    if doc.get("usage") or type(choices) is not list:
+        return True
+    for choice in choices:
+        if type(choice) is not dict or choice.get("finish_reason") or choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if delta is None:
+            continue  # a filter annotation
+        if type(delta) is not dict:
+            return True
+        for key, value in delta.items():
+            if key != "role" and value is not None and value != "" and value != [] and value != {}:
+                return True
+    return False
+
+
 Key = tuple[int, str, int]
 
 

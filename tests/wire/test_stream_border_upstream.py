@@ -61,14 +61,29 @@ class Scripted(ThreadedUpstream):
             elif isinstance(step, float):
                 await asyncio.sleep(step)
             elif step == STALL:
-                await asyncio.sleep(30)
+                await self._stalled()
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
         return resp
 
+    async def _stalled(self) -> None:
+        if self._stop is None:
+            self._stop = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), 30)
+
+    def __exit__(self, *exc: object) -> None:
+        async def stop() -> None:
+            if self._stop is not None:
+                self._stop.set()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
+        super().__exit__(*exc)
+
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/{mode}/v1/chat/completions", self._handle)
         app.router.add_post("/{mode}/v1/completions", self._handle)
+        app.router.add_post("/{mode}/v1/messages", self._handle)
 
 
 def scripted_policy(
