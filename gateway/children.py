@@ -5,8 +5,12 @@ Both live in the `loadtests` package (installed with the gateway) and run as chi
 `python -m loadtests.simulator ...` or `python -m loadtests.llama ...`: the gateway never imports
 the instruments that measure it. A child prints one line `PREFIX {json}` once it serves (the JSON
 maps each instance's name to its base URL under "instances"); the gateway then checks that every
-instance answers `/health`. A child stops when the gateway exits (atexit), when the gateway gets
-SIGTERM, SIGINT or SIGHUP, and on its own when its stdin closes (the gateway died).
+instance answers `/health`. A child runs in a session of its own: a signal sent to the gateway's
+process group (a terminal closed, `kill -HUP -PGID`, Ctrl-C) reaches the gateway only, which
+reloads on SIGHUP; had it reached the child, the gateway would have gone on serving over a dead
+fleet. The gateway stops it instead: when it exits (atexit, `serve`'s own clean-up), when it gets
+SIGTERM or SIGINT (or SIGHUP before its reload handler is in place), and the child stops on its
+own when its stdin closes (the gateway died, even by SIGKILL).
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ def start_child(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,
+        # Out of the gateway's process group: signals meant for the gateway are not its own.
+        start_new_session=True,
     )
     try:
         ready = _wait_ready(proc, ready_prefix, timeout_s, what)
