@@ -7,8 +7,9 @@ of processes that stopped beating are reclaimed.
 The set is data written by others (as `gateway.infra.shares`' process set): every beat trims
 entries older than `stale_s` and entries dated further ahead than `MAX_AHEAD_S` (no process
 writes them: a far-future or infinite score would count as a live process for ever), reads at
-most `MAX_PROCESSES` live entries and counts only those shaped like a process id; the key expires
-a few staleness periods after the last beat, so a fleet that stopped leaves nothing behind.
+most `MAX_PROCESSES` live entries, newest first, counts only those shaped like a process id and
+removes the others it read; the key expires a few staleness periods after the last beat, so a
+fleet that stopped leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -45,15 +46,22 @@ class Processes:
                 p.zadd(self.key, {self.id: now})
                 p.zremrangebyscore(self.key, "-inf", f"({now - self.stale_s}")
                 p.zremrangebyscore(self.key, f"({now + MAX_AHEAD_S}", "+inf")
-                p.zrangebyscore(
-                    self.key, now - self.stale_s, now + MAX_AHEAD_S, start=0, num=MAX_PROCESSES
+                # Newest first: live processes beat every `beat_s`, so a flood written once
+                # cannot hide them from the bounded read.
+                p.zrevrangebyscore(
+                    self.key, now + MAX_AHEAD_S, now - self.stale_s, start=0, num=MAX_PROCESSES
                 )
                 p.expire(self.key, max(30, int(3 * self.stale_s)))
                 res = await p.execute()
-            texts = (
-                m.decode("utf-8", "replace") if isinstance(m, bytes) else str(m) for m in res[3]
-            )
-            ids = {t for t in texts if PROCESS_ID.fullmatch(t)} | {self.id}
+            ids, junk = {self.id}, []
+            for m in res[3]:
+                text = m.decode("utf-8", "replace") if isinstance(m, bytes) else str(m)
+                if PROCESS_ID.fullmatch(text):
+                    ids.add(text)
+                else:
+                    junk.append(m)
+            if junk:  # no process writes these: removed as they are seen
+                await r.zrem(self.key, *junk)
             return min(len(ids), MAX_PROCESSES)
 
         n = await self.state.call(run, None)
