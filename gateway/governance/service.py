@@ -41,7 +41,7 @@ from gateway.governance.spend import NANO, SpendLedger, Usage, cost_nano, period
 from gateway.governance.static_keys import bearer_key, hash_key
 from gateway.governance.stats import GovStats
 from gateway.infra.shared_state import SharedState
-from gateway.observability.metrics import billable, response_usage, stream_completion_tokens
+from gateway.observability.metrics import billed
 from gateway.wire.answer_checks import usage_counts
 from gateway.wire.sse import encode_event, event_data
 
@@ -452,21 +452,15 @@ class GovernanceService:
         prompt = completion = 0
         cost = 0
         counted: float | None = None  # tokens held against tokens per minute (None: the usage)
-        left = _left_while_answering(ctx)
-        if billable(ctx) or left:
-            if ctx.stream:
-                if t.usage is not None:
-                    prompt, completion = t.usage
-                else:
-                    prompt, completion = ctx.prompt_tokens, stream_completion_tokens(ctx)
-            else:
-                p, c = response_usage(ctx)
-                prompt = p if p is not None else ctx.prompt_tokens
-                completion = c or 0
-                if left and c is None:
-                    # The provider's answer never came: what it produced is unknown, so the
-                    # whole reservation stays counted (the prompt estimate is what is charged).
-                    counted = max(t.reserved_tokens, float(prompt))
+        if ctx.stream and t.usage is not None:
+            ctx.usage = t.usage  # the stream's usage chunk: read by `billed` (spend and metrics)
+        charged = billed(ctx)
+        if charged is not None:
+            prompt, completion = charged.prompt, charged.completion
+            if not charged.answered:
+                # The provider's answer never came: what it produced is unknown, so the whole
+                # reservation stays counted (the prompt estimate is what is charged).
+                counted = max(t.reserved_tokens, float(prompt))
             provider = self.runtime.snapshot.providers.get(ctx.provider) if self.runtime else None
             if provider is not None:
                 price = provider.config.price
@@ -484,19 +478,6 @@ class GovernanceService:
         self.stats.spent(p_.tenant, p_.key_id, cost, prompt + completion)
         if t.near_budget and cost:
             self.ledger.flush_soon()
-
-
-def _left_while_answering(ctx: Context) -> bool:
-    """A client that left (499) while a provider was answering (a non-streamed answer, or a
-    stream before its first event): the provider did, and bills, the work, so it is charged like
-    an answer: from the provider's usage when it had arrived, else from the prompt estimate.
-    Not when every attempt had already failed (the client left during a retry's backoff)."""
-    return (
-        ctx.status == 499
-        and bool(ctx.provider)
-        and ctx.attempts > len(ctx.failures)
-        and not ctx.cache.startswith("hit")
-    )
 
 
 def _chain(snap: Snapshot, first: str) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -57,13 +57,41 @@ def content_events(ctx: Context) -> int:
 def billable(ctx: Context) -> bool:
     """Did a provider produce (part of) this answer, so that its tokens count? A 200 not served
     by a cache, or a stream cut after the provider's events reached the client (the client went
-    away: 499; the upstream broke: 502): what was produced and relayed is paid for either way.
-    Also a 499 while an attempt was still answering: the provider did, and bills, that work."""
+    away: 499; the upstream broke: 502), what was produced and relayed is paid for either way. Also a 499 while an attempt was still answering (a unary answer, or a
+    stream before its first event): the provider did, and bills, that work. Not when every
+    attempt had already failed (the client left during a retry's backoff)."""
     if not ctx.provider or ctx.cache.startswith("hit"):
         return False
     if ctx.status == 499 and ctx.attempts > len(ctx.failures):
         return True
     return ctx.status == 200 or (ctx.stream and ctx.output_chunks > 0)
+
+
+class Billed(NamedTuple):
+    """What a billable request is charged, the same for spend (governance) and usage metrics."""
+
+    prompt: int
+    completion: int
+    # False: a unary answer whose client left before it arrived; what the provider produced is
+    # unknown (the prompt is charged; governance keeps the whole token reservation counted).
+    answered: bool
+
+
+def billed(ctx: Context) -> Billed | None:
+    """The one rule for what a request is charged; None when it is not billable. Tokens from the
+    provider's usage when it is at hand (a unary answer's, or a stream's usage chunk that
+    governance read into `ctx.usage`), else the prompt estimate and the content events relayed."""
+    if not billable(ctx):
+        return None
+    if ctx.stream:
+        u = ctx.usage
+        if u is not None and u[0] is not None and u[1] is not None:
+            return Billed(u[0], u[1], True)
+        return Billed(ctx.prompt_tokens, stream_completion_tokens(ctx), True)
+    p, c = response_usage(ctx)
+    return Billed(
+        p if p is not None else ctx.prompt_tokens, c or 0, c is not None or ctx.status != 499
+    )
 
 
 def stream_completion_tokens(ctx: Context) -> int:
@@ -167,25 +195,22 @@ class RequestMetrics:
                 self.failures[fkey] = self.failures.get(fkey, 0) + 1
         if ctx.degraded:
             self.degraded[ctx.alias] = self.degraded.get(ctx.alias, 0) + 1
-        if billable(ctx):
-            self._usage(ctx)
+        charged = billed(ctx)
+        if charged is not None:
+            self._usage(ctx, charged)
 
-    def _usage(self, ctx: Context) -> None:
-        """Tokens from the response's usage when it is at hand; streams count content events."""
-        prompt: int | None
-        completion: int | None
-        if ctx.stream:
-            prompt, completion = None, stream_completion_tokens(ctx)
-        else:
-            prompt, completion = response_usage(ctx)
-        inp = prompt if prompt is not None else ctx.prompt_tokens
-        out = completion or 0
+    def _usage(self, ctx: Context, charged: Billed) -> None:
+        """Tokens and cost as governance charged them (`billed`, the one rule for both)."""
+        inp, out = charged.prompt, charged.completion
         ukey = (self._tenant_label(ctx.tenant), ctx.alias, ctx.provider)
         acc = self.usage.get(ukey)
         if acc is None:
             acc = self.usage[ukey] = [0.0, 0.0, 0.0]
         acc[0] += inp
         acc[1] += out
+        if ctx.cost_usd is not None:  # costed by governance (which runs first) from the same rule
+            acc[2] += ctx.cost_usd
+            return
         provider = self.runtime.snapshot.providers.get(ctx.provider)
         if provider is not None:
             price = provider.config.price
