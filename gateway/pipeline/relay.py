@@ -96,7 +96,7 @@ class StreamRelay:
         self.keep_completion = keep_completion
         self.resume = decision.alias.resume and acc.endpoint == "chat"
         self.rename = snap.answer_model(acc.model)
-        self.assembler = StreamAssembler() if (keep_completion or self.resume) else None
+        self.assembler = StreamAssembler(acc.endpoint) if (keep_completion or self.resume) else None
         self.completion: bytes | None = None
         self.resumed_from: str | None = None
         self._partial_tokens = 0  # output already sent when the stream was last resumed

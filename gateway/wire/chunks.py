@@ -16,7 +16,11 @@ _META = ("id", "created", "model", "system_fingerprint")
 
 
 class StreamAssembler:
-    """Accumulates chat.completion.chunk events into one chat.completion (choices by index).
+    """Accumulates chat.completion.chunk events into one chat.completion (choices by index), or
+    a completions stream's text_completion events into one text_completion (``endpoint``).
+
+    The answer is what was streamed: every text a delta carries (content, refusal, a provider's
+    reasoning text, tool-call and function-call arguments) joined, other delta fields kept.
 
     Relaying an event only keeps it; the events are parsed when the answer is read (at the end of
     the stream, or when a broken stream is resumed), all of them in one parse. A chunk that is not
@@ -24,7 +28,8 @@ class StreamAssembler:
     complete rather than raising.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, endpoint: str = "chat") -> None:
+        self._text = endpoint == "completions"  # `choices[].text`, not deltas
         self._pending: list[bytes] = []
         self._meta: dict[str, Any] = {}
         self._choices: dict[int, dict[str, Any]] = {}
@@ -129,29 +134,74 @@ class StreamAssembler:
             slot = self._choices[index] = {
                 "role": "assistant",
                 "content": [],
+                "refusal": [],
                 "finish_reason": None,
                 "tool_calls": {},
                 "logprobs": [],
+                "refusal_logprobs": [],
+                "other": {},
             }
-        delta = c.get("delta")
-        if delta:
-            text = delta.get("content")
+        if self._text:
+            text = c.get("text")
             if text:
                 if type(text) is not str:
-                    raise TypeError("content")
+                    raise TypeError("text")
                 slot["content"].append(text)
-            role = delta.get("role")
-            if role:
-                slot["role"] = role
-            calls = delta.get("tool_calls")
-            if calls:
-                self._feed_calls(slot["tool_calls"], calls)
+        delta = None if self._text else c.get("delta")
+        if delta:
+            for key, value in delta.items():
+                if value is None:
+                    continue
+                if key == "content" or key == "refusal":
+                    if type(value) is not str:
+                        raise TypeError(key)
+                    if value:
+                        slot[key].append(value)
+                elif key == "role":
+                    if value:
+                        slot["role"] = value
+                elif key == "tool_calls":
+                    if value:
+                        self._feed_calls(slot["tool_calls"], value)
+                elif key == "function_call":
+                    self._feed_function(slot["other"], value)
+                else:  # a provider's reasoning text joined; other fields as last sent
+                    other = slot["other"]
+                    prev = other.get(key)
+                    if type(value) is str and type(prev) is str:
+                        other[key] = prev + value
+                    else:
+                        other[key] = value
         lp = c.get("logprobs")
-        if lp and isinstance(lp, dict) and isinstance(lp.get("content"), list):
-            slot["logprobs"].extend(lp["content"])  # kept, so a replayed answer still has them
+        if lp and isinstance(lp, dict):
+            if self._text:
+                self._feed_text_logprobs(slot, lp)
+            else:
+                # Kept, so a replayed answer still has them.
+                if isinstance(lp.get("content"), list):
+                    slot["logprobs"].extend(lp["content"])
+                if isinstance(lp.get("refusal"), list):
+                    slot["refusal_logprobs"].extend(lp["refusal"])
         finish = c.get("finish_reason")
         if finish:
             slot["finish_reason"] = finish
+
+    @staticmethod
+    def _feed_text_logprobs(slot: dict[str, Any], lp: dict[str, Any]) -> None:
+        """A completions chunk's logprobs: its lists appended to the answer's."""
+        have = slot["other"].setdefault("logprobs", {})
+        for key, value in lp.items():
+            if isinstance(value, list):
+                have.setdefault(key, []).extend(value)
+
+    @staticmethod
+    def _feed_function(other: dict[str, Any], fn: Any) -> None:
+        """A legacy `function_call` delta: its name and arguments joined."""
+        if type(fn) is not dict:
+            raise TypeError("function_call")
+        cur = other.setdefault("function_call", {"name": "", "arguments": ""})
+        cur["name"] += fn.get("name") or ""
+        cur["arguments"] += fn.get("arguments") or ""
 
     @staticmethod
     def _feed_calls(calls: dict[int, dict[str, Any]], deltas: list[Any]) -> None:
@@ -185,25 +235,46 @@ class StreamAssembler:
         )
 
     def to_completion(self) -> dict[str, Any]:
+        if self._text:
+            return self._to_text_completion()
         choices = []
         for i in sorted(self.choices):
             s = self.choices[i]
-            msg: dict[str, Any] = {
-                "role": s["role"],
-                "content": "".join(s["content"]) or None,
-                "refusal": None,
-            }
+            content = "".join(s["content"]) or None
+            refusal = "".join(s["refusal"]) or None
+            msg: dict[str, Any] = {"role": s["role"], "content": content, "refusal": refusal}
             if s["tool_calls"]:
                 msg["tool_calls"] = [s["tool_calls"][k] for k in sorted(s["tool_calls"])]
-            else:
-                msg["content"] = msg["content"] or ""
-            lp = {"content": s["logprobs"], "refusal": None} if s["logprobs"] else None
+            elif content is None and refusal is None and "function_call" not in s["other"]:
+                msg["content"] = ""  # an empty answer is an empty text, as OpenAI sends it
+            for key, value in s["other"].items():
+                msg.setdefault(key, value)
+            lp = None
+            if s["logprobs"] or s["refusal_logprobs"]:
+                lp = {"content": s["logprobs"] or None, "refusal": s["refusal_logprobs"] or None}
             choices.append(
                 {"index": i, "message": msg, "finish_reason": s["finish_reason"], "logprobs": lp}
             )
+        return self._answer("chat.completion", "chatcmpl-gateway", choices)
+
+    def _to_text_completion(self) -> dict[str, Any]:
+        choices = []
+        for i in sorted(self.choices):
+            s = self.choices[i]
+            choices.append(
+                {
+                    "index": i,
+                    "text": "".join(s["content"]),
+                    "finish_reason": s["finish_reason"],
+                    "logprobs": s["other"].get("logprobs"),
+                }
+            )
+        return self._answer("text_completion", "cmpl-gateway", choices)
+
+    def _answer(self, obj: str, default_id: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self.meta.get("id") or "chatcmpl-gateway",
-            "object": "chat.completion",
+            "id": self.meta.get("id") or default_id,
+            "object": obj,
             "created": self.meta.get("created") or 0,
             "model": self.meta.get("model") or "",
             "choices": choices,
