@@ -483,7 +483,8 @@ class TextGuard:
     """The provider's secrets masked in the text a stream's chunks carry, wherever the stream
     cuts them: a key relayed a few characters per event matches no byte string in any event.
 
-    Per text (a choice's content or refusal, a tool call's arguments, a completion's text):
+    Per text (every string field of a choice's delta: content, refusal, reasoning_content...;
+    a tool or function call's arguments; a completion's text):
     the last characters relayed are kept, so a secret that began in earlier events is found
     and its rest masked; and a text ending in the first `HOLD_MIN` or more characters of a
     secret is held back until the next piece says whether the secret follows (at most 3 of a
@@ -532,13 +533,18 @@ class TextGuard:
                     yield choice, "text", (i, "text", 0)
                 continue
             delta = choice.get("delta") or {}
-            for name in ("content", "refusal"):
-                if type(delta.get(name)) is str:
+            # Every text the delta carries: content, refusal, a provider's reasoning text
+            # (`reasoning_content`, `reasoning`) or any other string field a client shows.
+            for name, value in delta.items():
+                if type(value) is str and name != "role":
                     yield delta, name, (i, name, 0)
             for call in delta.get("tool_calls") or ():
                 fn = call.get("function")
                 if type(fn) is dict and type(fn.get("arguments")) is str:
-                    yield fn, "arguments", (i, "tool", call.get("index", 0))
+                    yield fn, "arguments", (i, "tool_calls", call.get("index", 0))
+            fn = delta.get("function_call")
+            if type(fn) is dict and type(fn.get("arguments")) is str:
+                yield fn, "arguments", (i, "function_call", 0)
 
     def _hold(self, text: str) -> int:
         """How many of `text`'s last characters may begin a secret (0 when fewer than HOLD_MIN)."""
@@ -584,7 +590,7 @@ class TextGuard:
             moving = {key for _, _, key in texts}
             for choice in doc.get("choices") or ():
                 for call in (choice.get("delta") or {}).get("tool_calls") or ():
-                    moving.add((choice.get("index", 0), "tool", call.get("index", 0)))
+                    moving.add((choice.get("index", 0), "tool_calls", call.get("index", 0)))
             for choice in doc.get("choices") or ():
                 i = choice.get("index", 0)
                 stale = [k for k in self.held if k[0] == i and k not in moving]
@@ -665,11 +671,16 @@ class TextGuard:
                 choice["text"] = (choice.get("text") or "") + text
                 continue
             delta = choice.setdefault("delta", {})
-            if key[1] in ("content", "refusal"):
-                delta[key[1]] = (delta.get(key[1]) or "") + text
-            else:  # ahead of any call this chunk starts or continues
+            if key[1] == "tool_calls":  # ahead of any call this chunk starts or continues
                 calls = delta.get("tool_calls") or []
                 delta["tool_calls"] = [{"index": key[2], "function": {"arguments": text}}, *calls]
+            elif key[1] == "function_call":
+                fn = delta.get("function_call")
+                if type(fn) is not dict:
+                    fn = delta["function_call"] = {}
+                fn["arguments"] = text + (fn.get("arguments") or "")
+            else:
+                delta[key[1]] = (delta.get(key[1]) or "") + text
         return True
 
     def flush(self, endpoint: str) -> list[dict[str, Any]]:
