@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.cache.pair_features import FEATURES, features, identical
+from gateway.cache.pair_features import FEATURES, features, identical, near_miss
 from gateway.cache.verifier import MODEL_PATH
 from loadtests.verifier_data import (
     Pair,
@@ -181,7 +181,8 @@ def export(model, threshold: float, meta: dict) -> dict:  # type: ignore[no-unty
 
 
 def model_probability(model):  # type: ignore[no-untyped-def]
-    """Probability of each (asked, cached, cosine) from the trained model, memoised."""
+    """Probability of each (asked, cached, cosine) as the runtime gives it (`Verifier.probabilities`:
+    identical texts 1, the near-miss rules 0, else the trained model), memoised."""
     memo: dict[tuple[str, str], float] = {}
 
     def prob(asked: str, cached: str, cosine: float) -> float:
@@ -189,6 +190,8 @@ def model_probability(model):  # type: ignore[no-untyped-def]
         if key not in memo:
             if identical(asked, cached):
                 memo[key] = 1.0
+            elif near_miss(asked, cached) is not None:  # the runtime refuses these too
+                memo[key] = 0.0
             else:
                 x = np.array([features(asked, cached, cosine)], dtype=np.float64)
                 memo[key] = float(model.predict_proba(x)[0, 1])

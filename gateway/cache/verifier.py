@@ -2,7 +2,8 @@
 
 Retrieval by embedding finds candidates whose cosine reaches `retrieval_floor`; this pair
 classifier then scores each (new question, cached question) pair from `pair_features` and
-serves the best candidate whose probability reaches the decision threshold. The model is a small
+serves the best candidate whose probability reaches the decision threshold; two lexical rules
+(`pair_features.near_miss`) refuse a pair whatever the model says. The model is a small
 gradient-boosted tree ensemble shipped as JSON (`verifier_model.json`, written by
 `python -m loadtests.train_verifier` from public data; see that script for data and splits) and
 evaluated here in pure Python: no training library at run time.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.cache.pair_features import FEATURES, features, identical
+from gateway.cache.pair_features import FEATURES, features, identical, near_miss
 
 MODEL_PATH = Path(__file__).with_name("verifier_model.json")
 
@@ -66,6 +67,11 @@ class Verifier:
         """The probability for each (cached question, cosine), the trees walked once for all:
         a lookup judges up to top_k candidates, and the walk costs the same for one or four."""
         out = [1.0 if identical(query, c) else -1.0 for c, _ in candidates]
+        for i, (c, _) in enumerate(candidates):
+            # a modifier added or another member of a kind named: another question, whatever
+            # the trees say (they served such pairs of domains they never saw)
+            if out[i] < 0 and near_miss(query, c) is not None:
+                out[i] = 0.0
         todo = [i for i, p in enumerate(out) if p < 0]
         if todo:
             xs = [features(query, candidates[i][0], candidates[i][1]) for i in todo]

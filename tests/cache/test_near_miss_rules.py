@@ -1,0 +1,129 @@
+"""The verifier's near-miss rules (`pair_features.near_miss`): a question plus a modifier, or
+another member of one kind (colour, season, sex, time of day, weekday, month, level), is another
+question whatever the trees say; rewordings, polite preambles, emphasis and statements are not
+refused. Checked on pairs written for this file, and through the real `SemanticCache`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.cache.pair_features import near_miss
+from gateway.cache.verifier import default_verifier
+
+MODIFIER = [
+    ("How do I clean a cast iron pan?", "How do I clean a rusty cast iron pan?"),
+    ("What's the best way to learn to swim?", "What's the best way to learn to swim as an adult?"),
+    ("Which tent should I buy for camping?", "Which tent should I buy for camping in the rain?"),
+    ("How long should I boil eggs?", "How long should I boil eggs at high altitude?"),
+    ("How do I remove a stripped screw?", "How do I remove a tiny stripped screw from a laptop?"),
+    ("how often should I feed a kitten", "how often should I feed a kitten 3 weeks old"),
+    ("Write a poem about the sea.", "Write a poem about the sea at dawn."),
+]
+CONTRAST = [
+    ("What's the best skincare routine for men?", "Which skincare routine works best for a woman?"),
+    ("What are good hiking trails near Denver for beginners?",
+     "Which hikes around Denver suit advanced hikers?"),
+    ("How do I keep my black car looking clean?", "Tips for keeping a white car clean?"),
+    ("What should I wear to a summer wedding as a guest?",
+     "As a guest at a winter wedding, what outfit should I choose?"),
+    ("Is it better to drink coffee in the morning?", "Is coffee in the afternoon a bad idea?"),
+    ("Is the museum open on Monday?", "Is the museum open on Sunday?"),
+    ("Which flights leave in March?", "Which flights leave in October?"),
+]  # fmt: skip
+SAME = [
+    ("Quick question: how do I clean a cast iron pan?", "How do I clean a cast iron pan?"),
+    ("How do I clean a cast iron pan? Thanks!", "How do I clean a cast iron pan?"),
+    ("How do I actually clean a cast iron pan?", "How do I clean a cast iron pan?"),
+    ("What is the best way to learn to swim?", "What's the best way to learn to swim?"),
+    ("How do I train my dog to sit?", "What's the way to teach my dog the sit command?"),
+    ("Can I wash a grey shirt with bleach?", "Can I wash a gray shirt with bleach?"),
+    ("Is running better in the evening?", "Is it better to go running at night?"),
+    ("Is a black and white photo better here?", "Would a white and black photo be better here?"),
+    # statements add an apposition and mean the same (PAWS-style sentences)
+    ("The bridge was built in 1890 by engineers from Glasgow.",
+     "The bridge was built in 1890 by engineers from Glasgow, Scotland."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("cached", "asked"), MODIFIER)
+def test_a_modifier_added_or_dropped_is_another_question(cached: str, asked: str) -> None:
+    assert near_miss(asked, cached) == "modifier"
+    assert near_miss(cached, asked) == "modifier"
+
+
+@pytest.mark.parametrize(("cached", "asked"), CONTRAST)
+def test_another_member_of_a_kind_is_another_question(cached: str, asked: str) -> None:
+    assert near_miss(asked, cached) == "contrast"
+    assert near_miss(cached, asked) == "contrast"
+
+
+@pytest.mark.parametrize(("cached", "asked"), SAME)
+def test_rewordings_and_additions_that_narrow_nothing_pass(cached: str, asked: str) -> None:
+    assert near_miss(asked, cached) is None
+    assert near_miss(cached, asked) is None
+
+
+def test_the_verifier_refuses_them_at_any_cosine() -> None:
+    v = default_verifier()
+    for cached, asked in MODIFIER + CONTRAST:
+        assert v.probabilities(asked, [(cached, 0.99), (asked, 0.5)]) == [0.0, 1.0]
+    assert all(p > 0 for p in v.probabilities(SAME[0][0], [(SAME[0][1], 0.98)]))
+
+
+def test_long_texts_are_left_to_the_model() -> None:
+    """The modifier rule reads at most 128 words of the longer text (its cost stays bounded)."""
+    base = "How do I " + "really " * 200 + "clean a pan?"
+    assert near_miss(base.replace("a pan", "a rusty pan"), base) is None
+
+
+# -- through the real cache: embedder, index, verifier -------------------------------------------
+
+pytest.importorskip("faiss")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from gateway.cache.async_embedder import AsyncEmbedder  # noqa: E402
+from gateway.cache.embedder import make_embedder  # noqa: E402
+from gateway.cache.semantic import SemanticCache  # noqa: E402
+from gateway.cache.semantic_settings import SemanticSettings  # noqa: E402
+
+#: Near misses that the trees alone served with the shipped model (probability 0.79-0.92 against
+#: a threshold of 0.71, cosine 0.78-0.92): the rules are what refuses them.
+SERVED_BY_THE_TREES = [
+    ("How do I clean a cast iron pan?", "How do I clean a rusty cast iron pan?"),
+    ("What's the best way to learn to swim?", "What's the best way to learn to swim as an adult?"),
+    ("Which tent should I buy for camping?", "Which tent should I buy for camping in the rain?"),
+    ("What's the best skincare routine for men?", "Which skincare routine works best for a woman?"),
+    ("What are good hiking trails near Denver for beginners?",
+     "Which hikes around Denver suit advanced hikers?"),
+]  # fmt: skip
+PARAPHRASES = [
+    ("How do I clean a cast iron pan?", "Quick question: how do I clean a cast iron pan?"),
+    ("What's the best way to learn to swim?", "What is the best way to learn to swim?"),
+    ("Which tent should I buy for camping?", "Which tent should I really buy for camping?"),
+]
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[AsyncEmbedder]:
+    w = AsyncEmbedder(make_embedder(os.environ.get("GATEWAY_TEST_EMBEDDER", "auto")))  # type: ignore[arg-type]
+    yield w
+    w.close()
+
+
+async def test_the_cache_refuses_near_misses_and_serves_paraphrases(worker: AsyncEmbedder) -> None:
+    for cached, asked in SERVED_BY_THE_TREES:
+        # one cached question per namespace: the near miss is its only candidate
+        cache = SemanticCache(SemanticSettings(), worker=worker)
+        await cache.store("ns", cached, b"answer", wait_s=30)
+        res = await cache.lookup("ns", asked)
+        assert res.outcome == "rejected" and res.reason == "verifier", (asked, res)
+    cache = SemanticCache(SemanticSettings(), worker=worker)
+    for cached, _ in PARAPHRASES:
+        await cache.store("ns", cached, cached.encode(), wait_s=30)
+    for cached, asked in PARAPHRASES:
+        res = await cache.lookup("ns", asked)
+        assert res.outcome == "hit" and res.hit is not None, (asked, res)
+        assert res.hit.question == cached
