@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.hostile import HostileUpstream
-from tests.support import TWO_TENANTS, GatewayServer, policy, requests_at, validate_sse
+from tests.support import TWO_TENANTS, GatewayServer, policy, poll, requests_at, validate_sse
 
 
 @pytest.fixture(scope="module")
@@ -147,12 +147,13 @@ def test_a_refused_answer_is_replayed_as_a_refusal(gw) -> None:
 
 
 def test_a_streamed_refusal_is_not_stored_as_an_empty_answer(gw) -> None:
-    """The stream assembler keeps a chat stream's text and tool calls; a refusal streamed in
-    `refusal` deltas became an empty answer, stored and served as the answer."""
+    """A refusal streamed in `refusal` deltas became an empty answer, stored and served as the
+    answer; it is now stored as the refusal it was."""
     msgs = [{"role": "user", "content": "Something else that is refused"}]
     body = {"model": "refusing", "messages": msgs, "temperature": 0}
     headers = {"authorization": "Bearer key-1"}
     url = gw.base_url + "/chat/completions"
+    n = len(gw.seen)
     streamed = httpx.post(url, json={**body, "stream": True}, headers=headers, timeout=30)
     refusal = "".join(
         c["choices"][0]["delta"].get("refusal") or ""
@@ -160,29 +161,38 @@ def test_a_streamed_refusal_is_not_stored_as_an_empty_answer(gw) -> None:
         if c["choices"]
     )
     assert refusal
+    poll(lambda: len(gw.seen) > n)  # stored once the stream ended on the gateway's side
     unary = httpx.post(url, json=body, headers=headers, timeout=30)
-    assert unary.headers["x-gateway-cache"] == "miss"
+    assert unary.headers["x-gateway-cache"] == "hit-exact"  # the streamed answer, stored whole
     assert unary.json()["choices"][0]["message"]["refusal"] == refusal
+    assert unary.json()["choices"][0]["message"]["content"] is None
     again = httpx.post(url, json={**body, "stream": True}, headers=headers, timeout=30)
-    assert again.headers["x-gateway-cache"] == "hit-exact"  # the unary answer, stored whole
+    assert again.headers["x-gateway-cache"] == "hit-exact"
     assert refusal in again.text
     assert gw.pipeline.cache.invalid_entries == 0
 
 
 def test_a_streamed_completions_answer_is_not_stored_in_another_shape(gw, fleet) -> None:
-    """The assembler reads chat chunks: a completions stream became a chat-shaped answer with
-    no text, stored under the completions key (every later request found an invalid entry)."""
+    """A completions stream became a chat-shaped answer with no text, stored under the
+    completions key (every later request found an invalid entry); it is now stored as the
+    text_completion it was."""
     body = {"model": "chat", "prompt": "Count to three", "temperature": 0, "max_tokens": 8}
     headers = {"authorization": "Bearer key-1"}
     url = gw.base_url + "/completions"
+    n = len(gw.seen)
     streamed = httpx.post(url, json={**body, "stream": True}, headers=headers, timeout=30)
     assert streamed.headers["x-gateway-cache"] == "miss"
+    poll(lambda: len(gw.seen) > n)  # stored once the stream ended on the gateway's side
     unary = httpx.post(url, json=body, headers=headers, timeout=30)
-    assert unary.headers["x-gateway-cache"] == "miss"
-    assert unary.json()["choices"][0]["text"]
+    assert unary.headers["x-gateway-cache"] == "hit-exact"
+    assert unary.json()["object"] == "text_completion"
+    streamed_text = "".join(
+        c["choices"][0]["text"] for c in sse_payloads(streamed.content) if c["choices"]
+    )
+    assert unary.json()["choices"][0]["text"] == streamed_text != ""
     assert gw.pipeline.cache.invalid_entries == 0
     hit = httpx.post(url, json={**body, "stream": True}, headers=headers, timeout=30)
     assert hit.headers["x-gateway-cache"] == "hit-exact"
     text = "".join(c["choices"][0]["text"] for c in sse_payloads(hit.content) if c["choices"])
     assert text == unary.json()["choices"][0]["text"]
-    assert fleet.stats("a")["by_endpoint"].get("completions") == 2
+    assert fleet.stats("a")["by_endpoint"].get("completions") == 1
