@@ -36,39 +36,46 @@ def gateway_process(
 
     ``root``: run the gateway of another source tree (an old commit, for side-by-side runs).
     """
-    port = free_port()
+    with gateway_processes(policy_path, 1, env=env, workers=workers, root=root) as urls:
+        yield urls[0]
+
+
+@contextlib.contextmanager
+def gateway_processes(
+    policy_path: Path,
+    count: int,
+    *,
+    env: dict[str, str] | None = None,
+    workers: int = 1,
+    root: Path | None = None,
+) -> Iterator[list[str]]:
+    """``count`` replicas of `gateway serve`, started together (each takes seconds to import).
+    Yields their base URLs."""
     proc_env = {**os.environ, **(env or {})}
     if root is not None:
         proc_env["PYTHONPATH"] = str(root)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--policy",
-            str(policy_path),
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-        ],
-        env=proc_env,
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    started: list[tuple[subprocess.Popen[bytes], int]] = []
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", proc)
-        yield f"http://127.0.0.1:{port}/v1"
+        for _ in range(count):
+            port = free_port()
+            command = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
+            command += ["--policy", str(policy_path), "--workers", str(workers)]
+            command += ["--log-level", "warning"]
+            proc = subprocess.Popen(
+                command, env=proc_env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            started.append((proc, port))
+        for proc, port in started:
+            wait_http(f"http://127.0.0.1:{port}/health", proc)
+        yield [f"http://127.0.0.1:{port}/v1" for _, port in started]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc, _ in started:
+            proc.terminate()
+        for proc, _ in started:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes] | None = None, timeout: float = 20.0) -> None:

@@ -33,6 +33,7 @@ from gateway.http.server import build_app
 # Shared with the load tests (which never import tests/).
 from loadtests.processes import free_port as free_port
 from loadtests.processes import gateway_process as gateway_process
+from loadtests.processes import gateway_processes as gateway_processes
 from loadtests.processes import wait_http as wait_http
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,14 @@ import pytest
 import redis
 
 from loadtests.simulator.testing import Fleet
-from tests.support import RedisProcess, gateway_process, poll, requests_at, validate, validate_sse
+from tests.support import (
+    RedisProcess,
+    gateway_processes,
+    poll,
+    requests_at,
+    validate,
+    validate_sse,
+)
 
 FLEET = ["dead", "good"]
 pytestmark = pytest.mark.usefixtures("healthy_fleet")  # faults are cleared after each test
@@ -50,7 +57,7 @@ def test_breaker_opened_by_one_replica_stops_the_other_within_a_second(
     prefix = f"gwres:{uuid.uuid4().hex[:8]}:"
     env = {"REDIS_URL": redis_url, "GATEWAY_REDIS_PREFIX": prefix}
     watcher = redis.Redis.from_url(redis_url)
-    with gateway_process(path, env=env) as one, gateway_process(path, env=env) as two:
+    with gateway_processes(path, 2, env=env) as (one, two):
         # Both replicas listen for breaker events before the outage starts.
         poll(lambda: watcher.pubsub_numsub(prefix + "breakers")[0][1] >= 2, within_s=10)
         assert chat(one).status_code == 200 and chat(two).status_code == 200  # warm
