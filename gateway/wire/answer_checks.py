@@ -76,6 +76,7 @@ def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
         raise InvalidAnswer("the answer is not a JSON object")
     if doc.get("error"):
         raise InvalidAnswer("the answer is an error object")
+    _check_meta(doc)
     _check_usage(doc.get("usage"))
     shape = _SHAPES.get(endpoint)
     if shape is None:
@@ -107,6 +108,22 @@ def _numbers(embedding: list[Any] | str) -> bool:
     except TypeError:
         return False
     return True
+
+
+# An answer's (or chunk's) identity: what every SDK parses into typed fields (`id: str`,
+# `created: int`...). A value of another type (`"created": "yesterday"`, `"id": 42`) is a
+# broken answer, like any other field of the wrong type: retried, never relayed or cached.
+_META_TEXTS = ("id", "model", "object", "system_fingerprint")
+
+
+def _check_meta(doc: dict[str, Any]) -> None:
+    for key in _META_TEXTS:
+        value = doc.get(key)
+        if value is not None and type(value) is not str:
+            raise InvalidAnswer(f"the answer's {key} is not a string")
+    created = doc.get("created")
+    if created is not None and (type(created) is not int or not 0 <= created < MAX_TOKENS):
+        raise InvalidAnswer("the answer's created is not a timestamp")
 
 
 # A token count no real answer reaches: larger (or negative) ones are a broken or hostile
@@ -309,6 +326,7 @@ def _check_chunk(endpoint: str, payload: bytes) -> tuple[dict[str, Any], bool]:
     err = doc.get("error")
     if err is not None and err is not False:
         raise InvalidAnswer("the provider sent an error event")
+    _check_meta(doc)
     usage = doc.get("usage")
     if usage is not None:
         _check_usage(usage)
@@ -459,6 +477,7 @@ def commits(event: bytes) -> bool:
     err = doc.get("error")
     if err is not None and err is not False:
         raise InvalidAnswer("the provider sent an error event")
+    _check_meta(doc)  # before anything is relayed: a chunk of the wrong types is retried
     choices = doc.get("choices")
     if doc.get("usage") or type(choices) is not list:
         return True
