@@ -238,7 +238,7 @@ def test_engine_overflow_the_estimate_missed(
 # -- prefix affinity on real KV caches ---------------------------------------------------------
 
 
-def system_prompt(c: httpx.Client, inst: LlamaInstance, topic: str, tokens: int = 800) -> str:
+def system_prompt(c: httpx.Client, inst: LlamaInstance, topic: str, tokens: int = 400) -> str:
     """About ``tokens`` tokens (as the engine counts them) of instructions about ``topic``."""
     sentences = [s.strip() + "." for s in PROSE.split(". ") if s.strip()]
     text, i = f"You are the support assistant for {topic}.", 0
@@ -312,14 +312,14 @@ def cached_shares(
 
 
 def test_prefix_affinity_hits_the_kv_cache(pair: list[LlamaInstance], direct: httpx.Client) -> None:
-    """Three ~800-token system prompts, questions interleaved: with affinity each prompt stays on
+    """Three ~400-token system prompts, questions interleaved: with affinity each prompt stays on
     one instance, whose 2 slots keep it warm; round-robin sends every prompt to both instances,
     where 3 prompts compete for 2 slots."""
     shares = {}
     # Round robin's repeats go one at a time: strictly alternating arrivals send every prompt to
     # both instances (3 prompts, 2 slots each), so its share does not hang on thread timing.
     for mode, rounds, parallel, edits in (
-        ("affinity", 5, 2, {}),
+        ("affinity", 4, 2, {}),
         (
             "round_robin",
             3,
