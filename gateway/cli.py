@@ -108,6 +108,12 @@ def serve(
     os.environ["GATEWAY_POLICY"] = str(policy)
     os.environ["GATEWAY_WORKERS"] = str(workers)  # each worker's share of the limits
     metrics_tmp = _metrics_dir(workers)
+    slots_tmp = None
+    if workers > 1:  # the workers share small max_inflight limits (gateway.resilience.slots)
+        import tempfile
+
+        slots_tmp = tempfile.mkdtemp(prefix="gateway-slots-")
+        os.environ["GATEWAY_SLOTS_DIR"] = slots_tmp
     try:
         # Several workers: uvicorn's supervisor, made to stop accepting at once on SIGTERM.
         from gateway.http.drain import serve_workers
@@ -131,10 +137,12 @@ def serve(
             timeout_graceful_shutdown=loaded.replicas.drain_s,
         )
     finally:
-        if metrics_tmp is not None:
-            import shutil
+        import shutil
 
+        if metrics_tmp is not None:
             shutil.rmtree(metrics_tmp, ignore_errors=True)
+        if slots_tmp is not None:
+            shutil.rmtree(slots_tmp, ignore_errors=True)
         for child in children:
             child.close()
 

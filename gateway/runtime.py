@@ -20,6 +20,7 @@ from gateway.providers.registry import make_adapter
 from gateway.providers.upstream import UpstreamClient
 from gateway.redact import Redactor, provider_secrets
 from gateway.resilience.breaker import BreakerRegistry, CircuitBreaker
+from gateway.resilience.slots import limit_member
 from gateway.routing.balancer import Balancer, BalancerSettings, make_balancer
 from gateway.routing.member import Member
 from gateway.wire.response_model import ModelName, for_alias
@@ -129,7 +130,7 @@ class Runtime:
                 # A member that remains keeps its latency estimate, in-flight count and breaker,
                 # and takes the new version's settings for them.
                 old.member.weight = cfg.weight
-                old.member.max_inflight = self.shares.limit(cfg.max_inflight, name)
+                limit_member(old.member, self.shares, cfg.max_inflight, name)
                 _retune(old.member, _member_settings(policy, name))
                 old.breaker.settings = cfg.breaker
                 if old.config != cfg:
@@ -140,7 +141,7 @@ class Runtime:
             else:
                 settings = _member_settings(policy, name)
                 member = settings.make_member(name, cfg.weight, cfg.max_inflight)
-                member.max_inflight = self.shares.limit(cfg.max_inflight, name)  # may be 0
+                limit_member(member, self.shares, cfg.max_inflight, name)  # may be 0
                 breaker = self.breakers.get(name, cfg.breaker)
                 providers[name] = ProviderState(name, cfg, _client(name, cfg), member, breaker)
         for name, old in self._providers.items():
@@ -189,7 +190,7 @@ class Runtime:
     def apply_shares(self) -> None:
         """The number of gateway processes changed: resize this process's member limits."""
         for name, p in self.snapshot.providers.items():
-            p.member.max_inflight = self.shares.limit(p.config.max_inflight, name)
+            limit_member(p.member, self.shares, p.config.max_inflight, name)
 
     def apply_version(self, policy: Policy) -> str:
         return self.apply(policy).version

@@ -10,9 +10,10 @@ than about the member's speed).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from typing import Literal
+from typing import Literal, Protocol
 
 from gateway.routing.peak_ewma import Clock, PeakEwma
 
@@ -23,6 +24,16 @@ SignalKind = Literal["ttft", "per_token", "total"]
 ERROR_ALPHA = 0.1
 # A member failing everything costs at most 20x its latency-based cost (the breaker handles more).
 MAX_FAILURE_FACTOR = 20.0
+
+
+class SlotPool(Protocol):
+    """Slots shared with the other worker processes (gateway.resilience.slots.SlotFiles)."""
+
+    capacity: int
+
+    def try_acquire(self) -> int | None: ...
+    def release(self, index: int) -> None: ...
+    def close(self) -> None: ...
 
 
 def latency_signal(
@@ -70,6 +81,8 @@ class Member:
         "_clock",
         "_fail_share",
         "_fail_stamp",
+        "_held",
+        "_spare",
         "ewma",
         "failure_decay_s",
         "failures",
@@ -78,6 +91,7 @@ class Member:
         "last_error_kind",
         "max_inflight",
         "name",
+        "slots",
         "weight",
     )
 
@@ -110,13 +124,63 @@ class Member:
         self._fail_stamp = clock()
         self.last_error_at: float | None = None
         self.last_error_kind: str | None = None
+        # With several workers, a small max_inflight is shared through `slots`: a request holds
+        # one while in flight (`_held`); `_spare` is one taken by `has_capacity` for the
+        # `begin` that follows in the same turn of the event loop (given back after it).
+        self.slots: SlotPool | None = None
+        self._held: list[int | None] = []
+        self._spare: int | None = None
 
     def __repr__(self) -> str:
         return f"Member({self.name!r}, inflight={self.inflight}, weight={self.weight})"
 
     def has_capacity(self) -> bool:
-        """False when the member's concurrency limit is reached."""
-        return self.max_inflight is None or self.inflight < self.max_inflight
+        """False when the member's concurrency limit is reached (with shared slots: when every
+        worker's slots are taken)."""
+        if self.max_inflight is not None and self.inflight >= self.max_inflight:
+            return False
+        if self.slots is None or self._spare is not None:
+            return True
+        index = self.slots.try_acquire()
+        if index is None:
+            return False
+        # Held for the `begin` that picks this member in the same turn of the loop: another
+        # worker cannot take it between the check and the start.
+        self._spare = index
+        try:
+            asyncio.get_running_loop().call_soon(self._drop_spare)
+        except RuntimeError:  # no loop (a plain call): nothing will begin in this turn
+            self._drop_spare()
+        return True
+
+    def share_slots(self, slots: SlotPool | None) -> None:
+        """Share the limit through `slots` (None: this process's own limit only)."""
+        if self.slots is slots:
+            return
+        self._drop_spare()
+        if self.slots is not None:
+            self.slots.close()  # slots still held by requests are freed with their files
+        self._held = [None] * len(self._held)
+        self.slots = slots
+
+    def _drop_spare(self) -> None:
+        if self._spare is not None and self.slots is not None:
+            self.slots.release(self._spare)
+        self._spare = None
+
+    def _take_slot(self) -> None:
+        if self.slots is None:
+            return
+        index, self._spare = self._spare, None
+        if index is None:
+            index = self.slots.try_acquire()  # None: begun without a check (counted in flight)
+        self._held.append(index)
+
+    def _free_slot(self) -> None:
+        if self._held:
+            index = self._held.pop()
+            if index is not None and self.slots is not None:
+                self.slots.release(index)
 
     def failure_share(self, now: float | None = None) -> float:
         """Share of recent outcomes that failed, in [0, 1], decayed to `now`."""
@@ -154,6 +218,7 @@ class Member:
     def begin(self) -> float:
         """Count a request as in flight; returns its start time on the member's clock."""
         self.inflight += 1
+        self._take_slot()
         return self._clock()
 
     def end(self, latency_s: float, ok: bool = True, error_kind: str | None = None) -> None:
@@ -164,6 +229,7 @@ class Member:
         """
         if self.inflight > 0:
             self.inflight -= 1
+            self._free_slot()
         now = self._clock()
         if ok:
             self._outcome(now, 0.0)
@@ -182,6 +248,7 @@ class Member:
         """
         if self.inflight > 0:
             self.inflight -= 1
+            self._free_slot()
         self._failed(self._clock(), error_kind)
 
     def _outcome(self, now: float, failed: float) -> None:
@@ -211,6 +278,7 @@ class Member:
         ever raises its estimate; not a failure."""
         if self.inflight > 0:
             self.inflight -= 1
+            self._free_slot()
         now = self._clock()
         if elapsed_s > self.ewma.estimate(now):
             self.ewma.observe(elapsed_s, now)
@@ -219,3 +287,4 @@ class Member:
         """Finish a request without recording anything (e.g. cancelled by the client)."""
         if self.inflight > 0:
             self.inflight -= 1
+            self._free_slot()
