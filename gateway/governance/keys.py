@@ -221,6 +221,7 @@ class KeyStore:
         self._malformed_logged: set[str] = set()
         self._script: Any = None
         self._stale = False  # the last full load failed: try again every second
+        self.version = 0  # bumped by every change applied: running streams look again at once
 
     # -- Redis layout --------------------------------------------------------------------------
 
@@ -361,6 +362,7 @@ class KeyStore:
         self._put(rec)
 
     def _put(self, rec: KeyRecord) -> None:
+        self.version += 1
         old = self._by_id.get(rec.id)
         if old is not None:
             self._by_hash.pop(old.hash, None)

@@ -15,6 +15,11 @@ back their whole token reservation. So is a request whose client left while the 
 answering (a non-streamed answer, a stream before its first event): from the provider's usage when
 the answer had arrived, else the prompt estimate; a non-streamed answer that never arrived keeps
 its whole token reservation counted (what the provider produced is unknown).
+
+A stream whose managed key is revoked or expires while it runs, or whose budget an operator
+lowers under what is spent, is stopped between events (`guard_stream`, at least every second and
+at the next event after a key change): it ends with an error event (401 invalid_api_key, 429
+insufficient_quota), is recorded with that status and is charged what was relayed.
 """
 
 from __future__ import annotations
@@ -22,13 +27,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from gateway.errors import model_not_found, unauthorized
+from gateway.errors import GatewayError, model_not_found, unauthorized
 from gateway.governance.answers import duration, over_budget, rate_limited, retry_wait
 from gateway.governance.concurrency import Concurrency, Slots
 from gateway.governance.fairshare import FairShare
@@ -53,6 +58,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.governance")
 _PERIODS = ("day", "week", "month")
+# A running stream looks at its key again at least this often (between events), and at the next
+# event after any key change this process learns of (within milliseconds of an admin's change).
+STOP_CHECK_S = 1.0
 
 
 class Resolved(NamedTuple):
@@ -88,6 +96,7 @@ class Ticket:
     near_budget: bool = False  # budgeted: its spend is written at once, not at the next interval
     held_keys: list[str] = field(default_factory=list)  # budgets its estimated cost is held on
     held_cost: int = 0  # nano-USD: the estimate (prompt + expected output at the chain's price)
+    resolved: Resolved | None = None  # the limits and budgets it was admitted under
 
     def take_usage(self, usage: object) -> None:
         """The usage member of a stream's chunk (or of its assembled answer)."""
@@ -216,9 +225,10 @@ class GovernanceService:
         if g is not self._configured:
             self.configure(g)  # a reloaded policy
         self.check_alias(p, acc.model)
-        t_limits, k_limits, t_budget, k_budget, unlimited = self._policies(g, p)
+        resolved = self._policies(g, p)
+        t_limits, k_limits, t_budget, k_budget, unlimited = resolved
         now = time.time()
-        ticket = Ticket(p)
+        ticket = Ticket(p, resolved=resolved)
         ticket.budget_keys = self._budget_keys(p, now)
         if unlimited:
             # Nothing to enforce for this tenant and key (the common case): only spend is kept.
@@ -435,6 +445,75 @@ class GovernanceService:
         aliases, else all."""
         allowed = p.record.aliases if p.record is not None else None
         return [n for n in names if not allowed or n in allowed]
+
+    # -- running streams ------------------------------------------------------------------------
+
+    def guard_stream(self, response: Any, ctx: Context) -> None:
+        """Stop `response` (a streamed answer) when its key stops while it runs: revoked,
+        expired, or given (by an operator) limits under which its budget is spent. Checked
+        between events, at least every STOP_CHECK_S and at once after a key change; the stream
+        then ends with an error event in the API's shape and is recorded with that status,
+        charged what was relayed up to then (gateway.observability.metrics.billed)."""
+        t: Ticket | None = ctx.governance
+        if t is None or (t.principal.record is None and not t.near_budget):
+            return  # nothing that can stop it: an open gateway, a static key without budgets
+        response.body_iterator = self._guarded(response.body_iterator, t, ctx)
+
+    async def _guarded(
+        self, inner: AsyncIterator[bytes], t: Ticket, ctx: Context
+    ) -> AsyncIterator[bytes]:
+        keys = self.keys
+        next_at, seen = time.monotonic() + STOP_CHECK_S, keys.version
+        stop: GatewayError | None = None
+        try:
+            async for block in inner:
+                yield block
+                now = time.monotonic()
+                if now >= next_at or keys.version != seen:
+                    next_at, seen = now + STOP_CHECK_S, keys.version
+                    stop = self._stop_reason(t)
+                    if stop is not None:
+                        break
+        finally:
+            aclose = getattr(inner, "aclose", None)
+            if aclose is not None:
+                await aclose()  # the relay settles its attempt and counts what it sent
+        if stop is not None:
+            ctx.status = stop.status
+            log.info("stream of key %s stopped: %s", t.principal.key_id, stop.code)
+            yield encode_event(stop.to_bytes())
+
+    def _stop_reason(self, t: Ticket) -> GatewayError | None:
+        """Why a running stream of this ticket's key must stop now, or None."""
+        p = t.principal
+        if p.record is not None:
+            rec = self.keys.get(p.key_id)
+            if rec is None or rec.revoked:
+                return unauthorized("The API key was revoked while this stream ran.")
+            if not rec.usable(time.time()):
+                return unauthorized("The API key expired while this stream ran.")
+            p = Principal(p.tenant, p.key_id, rec)
+        g = self._configured
+        if g is None:
+            return None
+        resolved = self._policies(g, p)
+        if resolved is t.resolved:
+            return None  # the limits it was admitted under: spending them is what holds are for
+        now = time.time()
+        scopes = [("t:" + p.tenant, resolved.tenant_budget)]
+        if p.key_id:
+            scopes.append(("k:" + p.key_id, resolved.key_budget))
+        for scope, budget in scopes:
+            for period, usd in budget.periods():
+                if self.ledger.counted(self.ledger.budget_key(scope, period, now)) >= usd * NANO:
+                    return over_budget(
+                        f"You exceeded your current quota: {scope} has spent its budget of "
+                        f"${usd:g} per {period} (lowered while this stream ran).",
+                        period_end(period, now) - now,
+                        {"x-gateway-budget": "exceeded"},
+                    )
+        t.resolved = resolved  # changed, but not spent: judged on these from now on
+        return None
 
     # -- 3. what did it cost (record step) ----------------------------------------------------
 

@@ -3,7 +3,7 @@ request's cost is settled by governance's record observer once it has ended)."""
 
 from __future__ import annotations
 
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from gateway.governance.service import GovernanceService
 from gateway.pipeline.call import Call
@@ -20,4 +20,8 @@ class Limit:
         await self.governance.admit(call.snap, call.principal, call.acc, call.decision, call.ctx)
         # Streams ask the provider for usage (to cost them) even when the client did not.
         call.sent = self.governance.upstream(call.acc, call.ctx)
-        return await next(call)
+        response = await next(call)
+        if isinstance(response, StreamingResponse):
+            # A key revoked (expired, out of budget) while its stream runs stops the stream.
+            self.governance.guard_stream(response, call.ctx)
+        return response
