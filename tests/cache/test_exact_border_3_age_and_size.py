@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from gateway.policy.loader import check_policy_file
-from tests.support import TWO_TENANTS, policy, requests_at
+from tests.support import SEMANTIC_ONLY, TWO_TENANTS, policy, requests_at
 
 MSG = [{"role": "user", "content": "How old may a cached answer be?"}]
 
@@ -126,3 +126,22 @@ def test_max_entry_bytes_is_bounded_in_the_policy(tmp_path, value) -> None:
     report = check_policy_file(path)
     assert report.policy is None
     assert any("max_entry_bytes" in e for e in report.errors), report.errors
+
+
+def test_semantic_entries_of_unknown_age_are_not_served_under_max_age(
+    fleet, gateway, redis_url, redis_prefix, monkeypatch
+) -> None:
+    pytest.importorskip("faiss", reason="the semantic extra is not installed")
+    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
+    fleet.reset("a")
+    gw = gateway(
+        policy({"p": fleet.url("a")}, auth=TWO_TENANTS, alias=SEMANTIC_ONLY), redis_url=redis_url
+    )
+    question = [{"role": "user", "content": "How do I reset my router password?"}]
+    assert post(gw, messages=question).headers["x-gateway-cache"] == "miss"
+    deadline = time.monotonic() + 5
+    while post(gw, messages=question).headers["x-gateway-cache"] != "hit-semantic":
+        assert time.monotonic() < deadline, "the answer was never stored"
+        time.sleep(0.1)
+    served = post(gw, {"cache-control": "max-age=3600"}, messages=question)
+    assert served.status_code == 200 and served.headers["x-gateway-cache"] == "miss"

@@ -309,7 +309,9 @@ class Cache:
             if hit is not None:
                 ctx.cache = "hit-exact"
                 return hit
-        if plan.read and plan.semantic is not None:
+        # Semantic entries do not record their age: under a client's max-age they are of
+        # unknown age, so not served (as exact entries written before entries recorded it).
+        if plan.read and plan.semantic is not None and plan.max_age_s is None:
             found = await self.semantic.lookup(plan.semantic)
             if found is not None:
                 ctx.cache, ctx.similarity = "hit-semantic", found[1]
