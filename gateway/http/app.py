@@ -370,12 +370,15 @@ def create_app(
                 "x-request-id": ctx.request_id,
             }
             try:
-                await authenticate(ctx, request, exchange.authorization(request.headers))
+                auth = exchange.authorization(request.headers)
+                await authenticate(ctx, request, auth)
                 raw = await read_body(request, runtime.snapshot.policy.server.max_body_bytes)
                 policy = runtime.snapshot.policy
-                doc = await messages_api.count_tokens(
-                    raw, policy.models, policy.server.max_json_depth
-                )
+                # Only the aliases the key may use: another's is refused as an unknown one.
+                principal = await governance.authenticate(runtime.snapshot, auth)
+                allowed = governance.visible_models(principal, policy.models)
+                models = {name: policy.models[name] for name in allowed}
+                doc = await messages_api.count_tokens(raw, models, policy.server.max_json_depth)
                 return Response(orjson.dumps(doc), media_type="application/json", headers=headers)
             except GatewayError as e:
                 return await exchange.respond(e.to_response(headers), ctx)

@@ -6,7 +6,9 @@ loopback, the project's simulator, real Redis.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import anthropic
 import httpx
 import pytest
 
@@ -64,3 +66,18 @@ def test_explain_refuses_aliases_the_key_may_not_use(gw: GatewayServer) -> None:
         timeout=10,
     )
     assert r.status_code == 200 and r.json()["pools"] == ["secret-pool"]
+
+
+def test_count_tokens_refuses_aliases_the_key_may_not_use(gw: GatewayServer) -> None:
+    """The Messages API's token count answers for allowed aliases only; another is refused as an
+    alias that does not exist (the Anthropic SDK, as a client sends it)."""
+    key = httpx.post(gw.url + "/admin/keys", json={"tenant": "t", "aliases": ["chat"]}).json()
+    claude = anthropic.Anthropic(base_url=gw.url, api_key=key["key"], max_retries=0)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    assert claude.messages.count_tokens(model="chat", messages=messages).input_tokens > 0
+    refused = []
+    for model in ("other", "no-such-alias"):
+        with pytest.raises(anthropic.NotFoundError) as e:
+            claude.messages.count_tokens(model=model, messages=messages)
+        refused.append(str(e.value.body).replace(model, ""))
+    assert refused[0] == refused[1]
