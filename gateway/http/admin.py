@@ -269,7 +269,7 @@ def _interpolated_values(source: str) -> list[str]:
 def _member(runtime: Runtime, name: str) -> ProviderState:
     p = runtime.snapshot.providers.get(name)
     if p is None:
-        raise GatewayError(404, f"No member named '{name}'.", code="member_not_found")
+        raise GatewayError(404, f"No member named '{_echo(name)}'.", code="member_not_found")
     return p
 
 

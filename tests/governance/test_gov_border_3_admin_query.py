@@ -87,3 +87,16 @@ def test_well_formed_admin_queries_still_answer(gw: GatewayServer) -> None:
         assert r.status_code == 200, (path, query, r.text)
     spend = httpx.get(f"{gw.url}/admin/spend?from=2026-01-01&to=2026-01-03").json()
     assert (spend["from"], spend["to"]) == ("2026-01-01", "2026-01-03")
+
+
+def test_path_values_are_echoed_bounded(gw: GatewayServer) -> None:
+    """A member or key name in an admin path is echoed cut short and escaped, never whole."""
+    name = "m" * 5000 + "%1b[31m"
+    for method, path in (
+        ("POST", f"/admin/members/{name}/drain"),
+        ("POST", f"/admin/members/{name}/breaker"),
+        ("GET", f"/admin/keys/{name}"),
+    ):
+        r = httpx.request(method, gw.url + path, json={"state": "open"})
+        assert r.status_code == 404, r.text
+        assert len(r.text) < 400 and "\x1b" not in r.text
