@@ -104,6 +104,9 @@ class SpendLedger:
         self._memory: dict[str, dict[str, Usage]] = {}  # no Redis: day -> combo -> usage
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        # One flush at a time: a flush returns once everything recorded before it is written,
+        # also what another flush (the background one) had taken and was still writing.
+        self._flushing = asyncio.Lock()
         self.flush_failures = 0
         self.repaired = 0  # counters Redis held that were not numbers, overwritten
         self.local_mode = False  # the last write or read failed because Redis was away
@@ -207,6 +210,10 @@ class SpendLedger:
         """Write pending counters and refresh watched totals (one transaction). False on failure."""
         if not self.state.enabled:
             return True
+        async with self._flushing:
+            return await self._flush()
+
+    async def _flush(self) -> bool:
         pending, self._pending = self._pending, {}
         budgets, self._budget_pending = self._budget_pending, {}
         self._budget_flushing = budgets
