@@ -83,7 +83,8 @@ class Balancer(Protocol):
 
 def candidates(members: Sequence[Member], eligible: Eligible = always_eligible) -> list[Member]:
     """Members that pass `eligible`, have capacity and a positive weight."""
-    return [m for m in members if m.weight > 0 and m.has_capacity() and eligible(m)]
+    # Capacity last: with slots shared by workers, checking it takes a slot for a moment.
+    return [m for m in members if m.weight > 0 and eligible(m) and m.has_capacity()]
 
 
 class P2CPeakEwma:
