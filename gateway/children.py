@@ -5,10 +5,10 @@ Both live in the `loadtests` package (installed with the gateway) and run as chi
 `python -m loadtests.simulator ...` or `python -m loadtests.llama ...`: the gateway never imports
 the instruments that measure it. A child prints one line `PREFIX {json}` once it serves (the JSON
 maps each instance's name to its base URL under "instances"); the gateway then checks that every
-instance answers `/health`. A child runs in a session of its own: a signal sent to the gateway's
-process group (a terminal closed, `kill -HUP -PGID`, Ctrl-C) reaches the gateway only, which
-reloads on SIGHUP; had it reached the child, the gateway would have gone on serving over a dead
-fleet. The gateway stops it instead: when it exits (atexit, `serve`'s own clean-up), when it gets
+instance answers `/health`. A child runs apart (`setsid`: a process group of its own): a signal
+sent to the gateway's process group (a terminal closed, `kill -HUP -PGID`, Ctrl-C) reaches the
+gateway only, which reloads on SIGHUP; had it reached the child, the gateway would have gone on
+serving over a dead fleet. The gateway stops it instead: when it exits (atexit, `serve`'s own clean-up), when it gets
 SIGTERM or SIGINT (or SIGHUP before its reload handler is in place), and the child stops on its
 own when its stdin closes (the gateway died, even by SIGKILL).
 """
