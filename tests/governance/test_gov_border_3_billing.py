@@ -1,7 +1,8 @@
 """One rule for what a request is charged (`gateway.observability.metrics.billed`): the spend
 counters (governance) and the usage metrics (gateway_*_tokens_total, gateway_cost_usd_total)
 agree for every way a request ends: answered (unary, stream with the provider's usage), client
-gone before the provider answered, client gone mid-answer (unary and stream), upstream error.
+gone before the provider answered, client gone mid-answer (unary and stream), upstream error
+(before the answer, or a stream that breaks mid-way).
 Real gateway on loopback, a scripted aiohttp upstream, real Redis.
 """
 
@@ -26,7 +27,7 @@ CONTENT_EVENTS = 4
 class Scripted(ThreadedUpstream):
     """Answers by the prompt: ok, slow (answers after 3 s), trickle (headers, then a body that
     never completes in time), err (500); streams: ok, slow (an event every 0.2 s), none (nothing
-    for 3 s)."""
+    for 3 s), break (the connection drops after 3 content events)."""
 
     def routes(self, app: Any) -> None:
         from aiohttp import web
@@ -90,6 +91,11 @@ class Scripted(ThreadedUpstream):
                 await resp.write(chunk({"content": f"w{i} "}))
                 if mode == "slow":
                     await asyncio.sleep(0.2)
+                if mode == "break" and i == 2:
+                    await asyncio.sleep(0.1)
+                    assert request.transport is not None
+                    request.transport.close()  # the upstream breaks mid-stream
+                    return resp
             await resp.write(chunk({}, "stop"))
             opts = body.get("stream_options") or {}
             if opts.get("include_usage"):
@@ -108,7 +114,7 @@ def upstream() -> Iterator[Scripted]:
         yield up
 
 
-CASES = ["ok", "slow", "trickle", "err", "s-ok", "s-slow", "s-none", "s-err"]
+CASES = ["ok", "slow", "trickle", "err", "s-ok", "s-slow", "s-none", "s-err", "s-break"]
 
 
 @pytest.fixture
@@ -209,7 +215,9 @@ def test_spend_and_usage_metrics_agree_however_a_request_ends(gw: GatewayServer)
     # its first event) ...
     for case in ("slow", "trickle", "s-none"):
         assert charged[case][0] > 0 and charged[case][1] == 0, case
-    # ... the content events relayed when a stream was cut ...
+    # ... the content events relayed when a stream was cut (the client left, the upstream
+    # broke) ...
     assert 1 <= charged["s-slow"][1] < 50
+    assert 1 <= charged["s-break"][1] <= 3
     # ... and nothing when the provider failed.
     assert charged["err"] == charged["s-err"] == (0, 0)
