@@ -7,7 +7,7 @@ one role merged); tools, tool_choice, parallel_tool_calls, stop, user and JSON o
 (`response_format` -> `output_config.format`) are mapped; `max_tokens` is required, from the
 request or the provider's `anthropic.max_tokens`. Sampling fields (temperature, top_p), seed,
 penalties and logit_bias have no counterpart in the Messages API and are not sent; `n` > 1,
-logprobs, audio and file parts cannot be served (another member may serve them).
+logprobs, audio (parts and output), web search options and file parts cannot be served (another member may serve them).
 
 Answer and stream: text and tool_use blocks, stop reasons and usage (cache reads counted in
 `prompt_tokens` and shown as `prompt_tokens_details.cached_tokens`) in OpenAI's shapes; thinking
@@ -39,6 +39,7 @@ from gateway.providers.common import (
 from gateway.providers.settings import AnthropicSettings
 from gateway.providers.upstream import UpstreamFailure, _status_failure, parse_retry_after
 from gateway.wire.answer_checks import InvalidAnswer, first_event_complete
+from gateway.wire.request_checks import chat_only_output
 from gateway.wire.sse import SSESplitter, event_data
 
 PATH = "/v1/messages"
@@ -107,8 +108,9 @@ class AnthropicAdapter(Adapter):
         n = body.get("n")
         if n is not None and n != 1:
             raise _unsupported("n > 1")
-        if body.get("logprobs") or body.get("top_logprobs"):
-            raise _unsupported("logprobs")
+        wanted = chat_only_output(body)
+        if wanted:
+            raise _unsupported(wanted)
         system, messages = _messages(body["messages"])
         out: dict[str, Any] = {
             "model": model,

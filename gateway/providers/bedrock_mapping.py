@@ -11,8 +11,9 @@ events ending with `[DONE]`; error answers -> the gateway's failure kinds with a
 error body.
 
 What does not translate: `n` > 1 is refused (Converse answers one choice); image URLs must be
-`data:` URLs (Bedrock does not fetch); `logprobs`, `seed`, `presence_penalty`,
-`frequency_penalty`, `logit_bias` and `user` are dropped; `tool_choice: "none"` sends no tool
+`data:` URLs (Bedrock does not fetch); logprobs, audio output and web search options are
+refused (another member may serve them); `seed`, `presence_penalty`, `frequency_penalty`,
+`logit_bias` and `user` are dropped; `tool_choice: "none"` sends no tool
 choice (the tools stay when the conversation already holds tool calls, which Converse requires).
 """
 
@@ -38,6 +39,7 @@ from gateway.providers.common import (
     unsupported_role,
 )
 from gateway.resilience.failures import member_caused
+from gateway.wire.request_checks import chat_only_output
 from gateway.wire.sse import DONE, encode_event
 
 # ---------------------------------------------------------------------------- requests
@@ -218,6 +220,9 @@ def chat_to_converse(body: Mapping[str, Any]) -> dict[str, Any]:
     n = body.get("n")
     if isinstance(n, int) and n > 1:
         raise TranslationError("Bedrock answers one choice per request: n must be 1", "n")
+    wanted = chat_only_output(body)
+    if wanted:  # Converse answers text and tool calls only: refused, never silently dropped
+        raise TranslationError(f"Bedrock cannot answer with {wanted}", wanted)
     system, messages, has_tools = _messages(body.get("messages"))
     out: dict[str, Any] = {"messages": messages}
     if system:

@@ -13,7 +13,8 @@ text, inlineData (images as `data:` URLs), functionCall and functionResponse par
 stream -> chat chunks ending with `[DONE]`; error answers -> the gateway's failure kinds.
 
 What does not translate: image URLs other than `data:` URLs (Gemini reads uploaded files only);
-`logprobs`, `logit_bias` and `user` are dropped. Gemini gives function calls no ids: the chat
+logprobs, audio output and web search options are refused (another member may serve them);
+`logit_bias` and `user` are dropped. Gemini gives function calls no ids: the chat
 side gets generated ones, and a tool result is matched to its call's function name by id.
 """
 
@@ -44,6 +45,7 @@ from gateway.providers.common import (
 )
 from gateway.providers.upstream import TRANSIENT_4XX
 from gateway.resilience.failures import member_caused
+from gateway.wire.request_checks import chat_only_output
 from gateway.wire.sse import SSESplitter, event_data
 
 _DATA_URL = re.compile(
@@ -187,6 +189,9 @@ def _tools(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]] | None, dict[s
 
 def chat_to_gemini(body: Mapping[str, Any]) -> dict[str, Any]:
     """The generateContent request body for an OpenAI chat request (the model is in the URL)."""
+    wanted = chat_only_output(body)
+    if wanted:  # the answer could not carry it: refused, never silently dropped
+        raise TranslationError(f"{wanted} is not translated for Gemini", wanted)
     system, contents = _contents(body.get("messages"))
     out: dict[str, Any] = {"contents": contents}
     if system:

@@ -15,7 +15,7 @@ and per tool; the fields' values are not copied.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gateway.errors import GatewayError, bad_request
@@ -600,3 +600,22 @@ def check_fields(
             )
         if "tool_choice" in body:
             _tool_pairing(body)
+
+
+def chat_only_output(body: Mapping[str, Any]) -> str | None:
+    """The first output a chat request asks for that only OpenAI's chat API produces, or None.
+
+    Anthropic, Gemini and Bedrock answers carry text and tool calls only: a provider that drops
+    these fields would answer 200 without what was asked (no logprobs, no audio), so such a
+    request is refused there (another member may serve it; alone it is a clear 400).
+    """
+    if body.get("logprobs") or body.get("top_logprobs"):
+        return "logprobs"
+    modalities = body.get("modalities")
+    if body.get("audio") is not None or (
+        isinstance(modalities, list) and any(m != "text" for m in modalities)
+    ):
+        return "audio output"
+    if body.get("web_search_options") is not None:
+        return "web_search_options"
+    return None
