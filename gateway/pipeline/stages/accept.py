@@ -8,6 +8,7 @@ from starlette.responses import Response
 from gateway import errors
 from gateway.context import READ_TIMEOUT_KEY
 from gateway.errors import GatewayError
+from gateway.governance.service import GovernanceService
 from gateway.pipeline.call import Call
 from gateway.pipeline.stage import Next
 from gateway.wire.request import parse_request
@@ -65,6 +66,9 @@ class Accept:
             acc.stream = False  # a replay's answer is stored, not streamed
         if acc.model not in call.snap.policy.models:
             raise errors.model_not_found(clip(acc.model))
+        # An alias the key may not use is refused here, as one that does not exist: before
+        # Classify, whose refusals (a context window too small...) would tell the two apart.
+        GovernanceService.check_alias(call.principal, acc.model)
         call.raw, call.acc = raw, acc
         call.sent = acc
         ctx.alias, ctx.stream = acc.model, acc.stream
