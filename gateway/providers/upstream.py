@@ -14,14 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import aiohttp
 import yarl
+from aiohttp.client_proto import ResponseHandler
 
 from gateway.policy.schema import Provider, Timeouts
 from gateway.resilience import failures
@@ -164,14 +166,52 @@ async def _read_bounded(
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+class _Protocol(ResponseHandler):
+    """A connection that is closed when bytes arrive while it waits in the pool.
+
+    Nothing was asked on an idle connection, so whatever arrives there (a late or duplicated
+    answer, a desynchronised proxy) would be read as the answer to the next request sent on it,
+    another caller's, perhaps another tenant's. Go's client does the same ("Unsolicited response
+    received on idle HTTP channel").
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.idle = False  # waiting in the pool, no request on it
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle and data:
+            transport = self.transport
+            if transport is not None:
+                transport.close()  # not connected any more: the pool discards it
+            return
+        super().data_received(data)
+
+
 class _Connector(aiohttp.TCPConnector):
-    """Notes whether a request got a pooled connection, for the stale keep-alive retry."""
+    """Notes whether a request got a pooled connection, for the stale keep-alive retry, and
+    never hands out a pooled connection that received bytes while idle (see _Protocol)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # aiohttp builds every connection's protocol with this factory.
+        self._factory = cast(
+            "functools.partial[ResponseHandler]", functools.partial(_Protocol, loop=self._loop)
+        )
 
     async def _get(self, *args: Any, **kwargs: Any) -> Any:
         conn = await super()._get(*args, **kwargs)
         if conn is not None:
             _reused.set(True)
+            protocol = conn.protocol
+            if isinstance(protocol, _Protocol):
+                protocol.idle = False
         return conn
+
+    def _release(self, key: Any, protocol: Any, *, should_close: bool = False) -> None:
+        super()._release(key, protocol, should_close=should_close)
+        if isinstance(protocol, _Protocol) and protocol.is_connected():
+            protocol.idle = True  # pooled (a closed one is never handed out again)
 
 
 def _stale(e: BaseException) -> bool:
