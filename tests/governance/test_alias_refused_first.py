@@ -16,16 +16,9 @@ from tests.support import GatewayServer
 
 
 @pytest.fixture
-def gw(
-    fleet: Fleet,
-    gateway: Callable[..., GatewayServer],
-    redis_url: str,
-    redis_prefix: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> GatewayServer:
-    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
-    monkeypatch.delenv("GATEWAY_API_KEYS", raising=False)
-    policy = f"""
+def gw(fleet: Fleet, managed: Callable[[str], GatewayServer]) -> GatewayServer:
+    return managed(
+        f"""
 providers:
   p: {{base_url: '{fleet.url("a")}', models: {{'*': sim}}}}
 pools:
@@ -34,7 +27,7 @@ models:
   chat: {{pool: main}}
   small: {{pool: main, context_window: 64}}
 """
-    return gateway(policy, redis_url=redis_url)
+    )
 
 
 @pytest.mark.parametrize("path", ["/chat/completions", "/gateway/explain"])

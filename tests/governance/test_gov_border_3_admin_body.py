@@ -6,34 +6,17 @@ loopback, real Redis.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
 
 import httpx
 import pytest
 
 from gateway.http.admin import MAX_ADMIN_BODY_BYTES
-from loadtests.simulator.testing import Fleet
 from tests.support import GatewayServer
 
 
-def _policy(url: str) -> str:
-    return f"""
-providers:
-  p: {{base_url: '{url}', models: {{'*': sim}}}}
-pools:
-  main: {{members: [p]}}
-  secret-pool: {{members: [p]}}
-models:
-  chat: {{pool: main}}
-  other: {{pool: secret-pool}}
-"""
-
-
 @pytest.fixture
-def gw(fleet: Fleet, gateway: Callable[..., GatewayServer], redis_url, redis_prefix, monkeypatch):
-    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
-    monkeypatch.delenv("GATEWAY_API_KEYS", raising=False)
-    return gateway(_policy(fleet.url("a")), redis_url=redis_url)
+def gw(two_alias_gw: GatewayServer) -> GatewayServer:
+    return two_alias_gw
 
 
 def _raw_post(gw: GatewayServer, path: str, head: bytes, body_parts: list[bytes]) -> bytes:

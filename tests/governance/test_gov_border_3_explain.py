@@ -5,35 +5,18 @@ loopback, the project's simulator, real Redis.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from loadtests.simulator.testing import Fleet
 from tests.support import GatewayServer
 
 
-def _policy(url: str) -> str:
-    return f"""
-providers:
-  p: {{base_url: '{url}', models: {{'*': sim}}}}
-pools:
-  main: {{members: [p]}}
-  secret-pool: {{members: [p]}}
-models:
-  chat: {{pool: main}}
-  other: {{pool: secret-pool}}
-"""
-
-
 @pytest.fixture
-def gw(fleet: Fleet, gateway: Callable[..., GatewayServer], redis_url, redis_prefix, monkeypatch):
-    monkeypatch.setenv("GATEWAY_REDIS_PREFIX", redis_prefix)
-    monkeypatch.delenv("GATEWAY_API_KEYS", raising=False)
-    return gateway(_policy(fleet.url("a")), redis_url=redis_url)
+def gw(two_alias_gw: GatewayServer) -> GatewayServer:
+    return two_alias_gw
 
 
 def test_explain_refuses_aliases_the_key_may_not_use(gw: GatewayServer) -> None:
