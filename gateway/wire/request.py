@@ -16,6 +16,7 @@ import orjson
 
 from gateway.errors import GatewayError, bad_request
 from gateway.wire.request_checks import (
+    MAX_EMBEDDING_INPUTS,
     MAX_STOP,
     below_min,
     check_fields,
@@ -150,7 +151,9 @@ def parse_request(
         inp = body.get("input")
         if inp is None:
             raise _missing("input")
-        check_prompt(inp, "input", allow_empty=False)
+        check_prompt(
+            inp, "input", allow_empty=False, max_items=MAX_EMBEDDING_INPUTS, empty_strings=False
+        )
     stream = body.get("stream", False)
     if stream is None:
         stream = False

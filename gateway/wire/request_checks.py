@@ -204,10 +204,42 @@ def _token(v: Any, p: str) -> None:
         raise _above(p, MAX_TOKEN_ID, v)
 
 
-def check_prompt(v: Any, p: str, *, allow_empty: bool) -> None:
+# OpenAI's embeddings take at most 2048 inputs (or token ids) per request, none an empty string.
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def _empty_string(param: str) -> GatewayError:
+    return bad_request(
+        f"Invalid '{param}': empty string. Expected a string with minimum length 1, but got an "
+        "empty string instead.",
+        param=param,
+        code="empty_string",
+    )
+
+
+def _too_long(param: str, limit: int, got: int) -> GatewayError:
+    return bad_request(
+        f"Invalid '{param}': array too long. Expected an array with maximum length {limit}, but "
+        f"got an array with length {got} instead.",
+        param=param,
+        code="array_above_max_length",
+    )
+
+
+def check_prompt(
+    v: Any,
+    p: str,
+    *,
+    allow_empty: bool,
+    max_items: int | None = None,
+    empty_strings: bool = True,
+) -> None:
     """A completions `prompt` or embeddings `input` as OpenAI's schema has it: a string, or an
-    array of strings, of token ids, or of non-empty token id arrays (one kind throughout)."""
+    array of strings, of token ids, or of non-empty token id arrays (one kind throughout).
+    `max_items` bounds the array and `empty_strings=False` refuses "" (embeddings' rules)."""
     if type(v) is str:
+        if not v and not empty_strings:
+            raise _empty_string(p)
         return
     if not isinstance(v, list):
         raise invalid_type(p, _PROMPT_KINDS, v)
@@ -215,11 +247,15 @@ def check_prompt(v: Any, p: str, *, allow_empty: bool) -> None:
         if allow_empty:  # completions: an empty array of strings is in the schema
             return
         raise _empty(p)
+    if max_items is not None and len(v) > max_items:
+        raise _too_long(p, max_items, len(v))
     first = v[0]
     if type(first) is str:
         for i, item in enumerate(v):
             if type(item) is not str:
                 raise invalid_type(f"{p}[{i}]", "a string", item)
+            if not item and not empty_strings:
+                raise _empty_string(f"{p}[{i}]")
     elif type(first) is int:
         for i, item in enumerate(v):
             _token(item, f"{p}[{i}]")
