@@ -14,6 +14,7 @@ Three tools, one concern:
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -36,7 +37,7 @@ class Redactor:
     redacted on its own.
     """
 
-    __slots__ = ("_bytes", "_edges", "_flat_edges", "_texts")
+    __slots__ = ("_bytes", "_edges", "_encoded", "_flat_edges", "_texts")
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         # Longest first, all kept: a key that begins with another key (two keys of one
@@ -50,6 +51,9 @@ class Redactor:
         # Each secret's shortest start and end that count as part of it: once, per policy.
         self._edges = tuple(edges(b) for b in self._bytes)
         self._flat_edges = tuple(e for pair in self._edges for e in pair)
+        # A provider error may quote a key base64-encoded (an echoed `Basic` credential, a
+        # decoded-then-re-encoded header): error paths only (`text`), relayed bytes stay cheap.
+        self._encoded = tuple(sorted({c for s in given for c in base64_cores(s)}, key=len)[::-1])
 
     def extended(self, more: Iterable[str]) -> Redactor:
         return Redactor((*self._texts, *more))
@@ -77,7 +81,11 @@ class Redactor:
         return data
 
     def text(self, text: str) -> str:
+        """`text` with every secret masked, in plain, URL-quoted and base64-encoded forms."""
         for s in self._texts:
+            if s in text:
+                text = text.replace(s, MASK)
+        for s in self._encoded:
             if s in text:
                 text = text.replace(s, MASK)
         return text
@@ -109,7 +117,7 @@ class Redactor:
     def text_fragments(self, text: str) -> str:
         """:meth:`fragments` for text; also masks any run of `MIN_SECRET_LEN` characters or
         more from inside a secret (error paths only: a key quoted without its prefix)."""
-        for s in self._texts:
+        for s in (*self._texts, *self._encoded):
             text = _mask_runs(text, s)
         return text
 
@@ -123,6 +131,25 @@ def url_forms(secret: str) -> set[str]:
         if q != secret:
             out |= {q, re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), q)}
     return out
+
+
+def base64_cores(secret: str) -> set[str]:
+    """The characters that spell `secret` in base64 (standard and URL-safe alphabets) whatever
+    bytes come before or after it: one core per alignment of its first byte in a 3-byte group
+    (`user:KEY` encodes KEY at another alignment than `KEY` alone). Cores shorter than
+    `MIN_SECRET_LEN` are left out, like short secrets."""
+    raw = secret.encode("utf-8", "surrogatepass")
+    out: set[str] = set()
+    for k in range(3):
+        encoded = base64.b64encode(b"\0" * k + raw).decode()
+        # Characters wholly inside the secret's bits: after the k lead bytes, before the end.
+        core = encoded[(8 * k + 5) // 6 : (8 * (k + len(raw))) // 6]
+        if len(core) >= MIN_SECRET_LEN:
+            out |= {core, core.translate(_URLSAFE)}
+    return out
+
+
+_URLSAFE = str.maketrans("+/", "-_")
 
 
 def unquoted(text: str) -> str:
