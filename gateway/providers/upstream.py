@@ -618,6 +618,13 @@ class UpstreamClient:
             if resp is not None:
                 resp.close()
             raise UpstreamFailure("first_byte_timeout", "no first chunk in time") from None
+        except aiohttp.ClientResponseError as e:
+            # The provider answered, but not in HTTP (a bad status line, broken or oversized
+            # headers): its answer failed, not the connection (as for a unary call).
+            e.__traceback__ = None
+            if resp is not None:
+                resp.close()
+            raise UpstreamFailure("bad_response", type(e).__name__) from None
         except (aiohttp.ClientError, OSError) as e:
             e.__traceback__ = None
             if resp is not None:
