@@ -654,4 +654,6 @@ def chat_only_output(body: Mapping[str, Any]) -> str | None:
         return "audio output"
     if body.get("web_search_options") is not None:
         return "web_search_options"
+    if body.get("functions"):  # legacy function calling: answered with `function_call`
+        return "functions"
     return None

@@ -43,6 +43,10 @@ CHAT_ONLY: dict[str, dict[str, Any]] = {
     },
     "audio_only_modality": {"modalities": ["audio"]},
     "web_search": {"web_search_options": {}},
+    "legacy_functions": {
+        "functions": [{"name": "f", "parameters": {"type": "object", "properties": {}}}],
+        "function_call": {"name": "f"},
+    },
 }
 
 
