@@ -39,7 +39,7 @@ from gateway.providers.common import (
 from gateway.providers.settings import AnthropicSettings
 from gateway.providers.upstream import UpstreamFailure, _status_failure, parse_retry_after
 from gateway.wire.answer_checks import InvalidAnswer, first_event_complete
-from gateway.wire.request_checks import chat_only_output
+from gateway.wire.request_checks import assistant_text_parts, chat_only_output
 from gateway.wire.sse import SSESplitter, event_data
 
 PATH = "/v1/messages"
@@ -239,7 +239,7 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
         elif role == "user":
             _append(out, "user", _user_blocks(content, i))
         elif role == "assistant":
-            blocks = _text_blocks(content, f"messages[{i}].content")
+            blocks = _text_blocks(assistant_text_parts(content), f"messages[{i}].content")
             calls = m.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise BadRequest("'tool_calls' must be an array.", f"messages[{i}].tool_calls")

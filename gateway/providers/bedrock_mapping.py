@@ -39,7 +39,7 @@ from gateway.providers.common import (
     unsupported_role,
 )
 from gateway.resilience.failures import member_caused
-from gateway.wire.request_checks import chat_only_output
+from gateway.wire.request_checks import assistant_text_parts, chat_only_output
 from gateway.wire.sse import DONE, encode_event
 
 # ---------------------------------------------------------------------------- requests
@@ -142,7 +142,7 @@ def _messages(
         elif role == "assistant":
             conv_role = "assistant"
             blocks = []
-            content = msg.get("content")
+            content = assistant_text_parts(msg.get("content"))
             if content:
                 blocks = [
                     b

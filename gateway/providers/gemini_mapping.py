@@ -45,7 +45,7 @@ from gateway.providers.common import (
 )
 from gateway.providers.upstream import TRANSIENT_4XX
 from gateway.resilience.failures import member_caused
-from gateway.wire.request_checks import chat_only_output
+from gateway.wire.request_checks import assistant_text_parts, chat_only_output
 from gateway.wire.sse import SSESplitter, event_data
 
 _DATA_URL = re.compile(
@@ -135,7 +135,8 @@ def _contents(messages: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
             g_role, parts = "user", _user_parts(msg.get("content"), f"{param}.content")
         elif role == "assistant":
             g_role = "model"
-            parts = [p for p in _user_parts(msg.get("content") or "", param) if "text" in p]
+            content = assistant_text_parts(msg.get("content") or "")
+            parts = [p for p in _user_parts(content, param) if "text" in p]
             for j, call in enumerate(msg.get("tool_calls") or []):
                 fn = call.get("function") if isinstance(call, dict) else None
                 if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):

@@ -657,3 +657,19 @@ def chat_only_output(body: Mapping[str, Any]) -> str | None:
     if body.get("functions"):  # legacy function calling: answered with `function_call`
         return "functions"
     return None
+
+
+def assistant_text_parts(content: Any) -> Any:
+    """An assistant message's content with its `refusal` parts as text parts.
+
+    A refusal part is what the assistant said when it declined; the OpenAI SDK sends it back in
+    the history as it came. Vendors with no refusal part take it as the text it is.
+    """
+    if not isinstance(content, list):
+        return content
+    return [
+        {"type": "text", "text": p["refusal"]}
+        if isinstance(p, dict) and p.get("type") == "refusal" and isinstance(p.get("refusal"), str)
+        else p
+        for p in content
+    ]
