@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -13,10 +15,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from gateway import errors
 from gateway.apis.exchange import InboundAPI
-from gateway.http.app import create_app
+from gateway.context import Context
+from gateway.errors import GatewayError
+from gateway.http.app import create_app, endpoint_of, shaped
 from gateway.http.protocol import GONE_KEY
 from gateway.pipeline.reply import finish_now
-from gateway.pipeline.stack import Pipeline
+from gateway.pipeline.stack import Pipeline, client_request_id
 from gateway.policy.loader import load_policy
 from gateway.wire.request import Endpoint
 
@@ -46,6 +50,9 @@ class FastRoutes:
         self.inbound: dict[str, InboundAPI] = getattr(app.state, "inbound", {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and cross_origin(scope):
+            await self._refuse_cross_origin(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST" and not self.app.user_middleware:
             path: str = scope["path"]
             root = scope.get("root_path")
@@ -79,6 +86,75 @@ class FastRoutes:
                         finish_now(response)  # its stages' hooks still run: recorded once
                 return
         await self.app(scope, receive, send)
+
+    async def _refuse_cross_origin(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """403 in the path's API shape, recorded like any request (one access-log line)."""
+        request = Request(scope, receive)
+        ctx = Context(client_request_id(request.headers.get("x-request-id")), time.perf_counter())
+        path: str = scope["path"]
+        ctx.endpoint, ctx.status = endpoint_of(path), 403
+        err = GatewayError(
+            403,
+            "Cross-origin requests from web pages are refused: the gateway serves no CORS.",
+            type="permission_error",
+            code="cross_origin_refused",
+        )
+        try:
+            await shaped(err, path, {"x-request-id": ctx.request_id})(scope, receive, send)
+        finally:
+            self.pipeline.record(ctx)
+
+
+# Methods a browser sends cross-origin without asking first (a "simple" request: text/plain or
+# form body, no preflight) and that change something.
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def cross_origin(scope: Scope) -> bool:
+    """Whether an unsafe request comes from a web page of another origin (CSRF).
+
+    The gateway sends no CORS headers, so no page of another origin can read its answers; but a
+    browser sends a simple POST without asking, and the server acts on it: any web site a user
+    visits could spend an open gateway's provider credit, or drive a loopback admin API that has
+    no key (drain members, open breakers, reload, create keys). Browsers mark such requests with
+    `Sec-Fetch-Site` (anything but `same-origin` or `none`, a user's own navigation), and older
+    ones with an `Origin` naming another host than the `Host` they address. Clients that are not
+    browsers send neither and are not affected.
+    """
+    if scope["method"] in _SAFE_METHODS:
+        return False
+    origin = host = site = None
+    for name, value in scope["headers"]:
+        if name == b"sec-fetch-site":
+            site = value
+        elif name == b"origin":
+            origin = value
+        elif name == b"host":
+            host = value
+    if site is not None:
+        return site.strip().lower() not in (b"same-origin", b"none")
+    if origin is None:
+        return False
+    return not _same_origin(origin, host)
+
+
+def _same_origin(origin: bytes, host: bytes | None) -> bool:
+    """Whether `Origin` names the host and port that `Host` addresses (a `null` origin, from a
+    sandboxed or local page, never does). A `Host` without a port matches its scheme's default
+    (the scheme is the origin's: a proxy may end TLS before the gateway)."""
+    try:
+        o = urlsplit(origin.decode("latin-1").strip())
+        h = urlsplit("//" + (host or b"").decode("latin-1").strip())
+        o_port = o.port or _DEFAULT_PORTS.get(o.scheme.lower())
+        h_port = h.port
+    except ValueError:
+        return False
+    if not o.hostname or not h.hostname or o.hostname.lower() != h.hostname.lower():
+        return False
+    if h_port is None:
+        return o.port is None or o.port == _DEFAULT_PORTS.get(o.scheme.lower())
+    return o_port == h_port
 
 
 async def send_stream(response: StreamingResponse, receive: Receive, send: Send) -> None:
