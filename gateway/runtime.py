@@ -119,6 +119,9 @@ class Runtime:
         self._providers: dict[str, ProviderState] = {}
         self._retired: list[UpstreamClient] = []
         self.breakers = BreakerRegistry()
+        # Members an operator drained (gateway.resilience.drains): kept across reloads, and
+        # for a member a reload removes and a later one brings back.
+        self.drained: frozenset[str] = frozenset()
         self.snapshot = self._build(policy)
 
     def _build(self, policy: Policy) -> Snapshot:
@@ -157,6 +160,8 @@ class Runtime:
             for name, pool in policy.pools.items()
         }
         self._retired.extend(retired)
+        for name, state in providers.items():
+            state.drained = name in self.drained
         self._providers = providers
         by_member = {id(p.member): p for p in providers.values()}
         secrets = [
@@ -191,6 +196,15 @@ class Runtime:
         """The number of gateway processes changed: resize this process's member limits."""
         for name, p in self.snapshot.providers.items():
             limit_member(p.member, self.shares, p.config.max_inflight, name)
+
+    def member_names(self) -> list[str]:
+        return list(self.snapshot.providers)
+
+    def set_drained(self, names: frozenset[str]) -> None:
+        """The members drained now (any name; those not in the policy wait for it)."""
+        self.drained = names
+        for name, state in self._providers.items():
+            state.drained = name in names
 
     def apply_version(self, policy: Policy) -> str:
         return self.apply(policy).version

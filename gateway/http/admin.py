@@ -26,6 +26,7 @@ from gateway.pipeline.stages.accept import read_body
 from gateway.policy.schema import ENV_REF
 from gateway.redact import redacted_dump
 from gateway.resilience.breaker import BreakerState
+from gateway.resilience.drains import SharedDrains
 
 if TYPE_CHECKING:
     from gateway.observability.recent import RecentRequests
@@ -181,9 +182,12 @@ class AdminViews:
         reloader: PolicyReloader,
         recent: RecentRequests | None,
         source: str,
+        drains: SharedDrains | None = None,
     ) -> None:
         self.runtime, self.pipeline, self.reloader = runtime, pipeline, reloader
         self.recent, self.source = recent, source
+        # Where an operator's drain reaches (this process only unless the app shares it).
+        self.drains = drains if drains is not None else SharedDrains(runtime, None, "")
         self.started = time.time()
 
     def _pools_of(self) -> dict[str, list[str]]:
@@ -333,15 +337,15 @@ def admin_router(views: AdminViews) -> APIRouter:
 
     @router.post("/members/{name}/drain")
     async def drain(name: str) -> Response:
-        p = _member(runtime, name)
-        p.drained = True
-        return _json({"name": name, "drained": True})
+        _member(runtime, name)
+        await views.drains.change(name, True)
+        return _json({"name": name, "drained": True, "scope": views.drains.scope})
 
     @router.post("/members/{name}/undrain")
     async def undrain(name: str) -> Response:
-        p = _member(runtime, name)
-        p.drained = False
-        return _json({"name": name, "drained": False})
+        _member(runtime, name)
+        await views.drains.change(name, False)
+        return _json({"name": name, "drained": False, "scope": views.drains.scope})
 
     @router.post("/members/{name}/breaker")
     async def force_breaker(name: str, request: Request) -> Response:

@@ -55,6 +55,7 @@ from gateway.policy.rules import rules_path
 from gateway.policy.schema import Policy
 from gateway.policy.watcher import PolicyReloader, replica_id
 from gateway.resilience.degradation import Degradation
+from gateway.resilience.drains import SharedDrains
 from gateway.resilience.shared_breakers import SharedBreakers
 from gateway.runtime import Runtime
 from gateway.wire.request_checks import clip
@@ -176,7 +177,8 @@ def create_app(
     workers_metrics = WorkerMetrics.from_env(registry)  # several workers: one scrape for all
     reachability = Reachability(runtime)
     drain = Drain()
-    views = AdminViews(runtime, pipeline, reloader, recent, policy_path or "embedded")
+    drains = SharedDrains(runtime, state)  # an operator's drain reaches every worker/replica
+    views = AdminViews(runtime, pipeline, reloader, recent, policy_path or "embedded", drains)
 
     def record_refused(status: int, path: str) -> str:
         """A request the HTTP protocol answered itself (head too large or too slow, unparsable):
@@ -211,6 +213,7 @@ def create_app(
             await semantic.start()
         if shared_breakers is not None:
             await shared_breakers.start()
+        await drains.start()
         # What start-up built (policy, tokenizer tables, models, clients) lives as long as the
         # process: out of the collector's sight, a collection walks only per-request objects.
         gc.collect()
@@ -228,6 +231,7 @@ def create_app(
         await governance.stop()
         if shared_breakers is not None:
             await shared_breakers.stop()
+        await drains.stop()
         await degradation.stop()
         await semantic.aclose()
         await reloader.stop()
