@@ -61,6 +61,12 @@ MAX_USER_ID = 256
 # Server tools run by Anthropic itself (web search, code execution, ...) have a dated `type`;
 # a chat provider cannot run them.
 _CUSTOM_TOOL_TYPES = (None, "custom")
+# Request fields that hand tools to Anthropic's platform (the MCP connector, a code execution
+# container with its skills): refused like server tools.
+_SERVER_SIDE = {
+    "mcp_servers": "MCP servers (Anthropic's MCP connector)",
+    "container": "a code execution container",
+}
 
 
 def _status(status: int) -> int:
@@ -356,6 +362,10 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
     for name in ("thinking", "output_config", "metadata"):
         if req.get(name) is not None and not isinstance(req[name], dict):
             raise _err(f"{name}: Input should be an object.", name)
+    for name, what in _SERVER_SIDE.items():
+        # Run by Anthropic itself, like server tools: dropped, the answer would lack their tools.
+        if req.get(name):
+            raise _err(f"{name}: {what} cannot run on a chat provider.", name)
     stops = req.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
