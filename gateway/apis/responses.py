@@ -232,6 +232,37 @@ def check_metadata(meta: Any) -> None:
             )
 
 
+# The `include` value asking for output_text logprobs.
+_LOGPROBS_INCLUDE = "message.output_text.logprobs"
+MAX_TOP_LOGPROBS = 20
+
+
+def check_logprobs(req: dict[str, Any]) -> None:
+    """Refuse a request for logprobs: answers carry none (`logprobs: []`), and an empty list
+    would read as an answer without tokens, not as a field the gateway cannot fill."""
+    top = req.get("top_logprobs")
+    if top is not None:
+        if type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise _err(
+                f"'top_logprobs' must be an integer between 0 and {MAX_TOP_LOGPROBS}.",
+                "top_logprobs",
+            )
+        if top > 0:
+            raise _err("'top_logprobs': logprobs are not returned by this gateway.", "top_logprobs")
+    include = req.get("include")
+    if include is not None:
+        if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
+            raise _err(
+                "Invalid type for 'include': expected an array of strings.",
+                "include",
+                "invalid_type",
+            )
+        if _LOGPROBS_INCLUDE in include:
+            raise _err(
+                f"'include': '{_LOGPROBS_INCLUDE}' is not returned by this gateway.", "include"
+            )
+
+
 def turn_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
     """This turn's input as chat messages (without instructions or earlier turns)."""
     inp = req.get("input")
@@ -827,6 +858,7 @@ class ResponsesExchange:
 
     async def request(self, raw: bytes, ctx: Context) -> bytes:
         req = parse(raw, self.max_depth)
+        check_logprobs(req)  # before `include` is dropped with the other ignored fields
         for k in _IGNORED.intersection(req):
             del req[k]
         history: list[dict[str, Any]] = []
