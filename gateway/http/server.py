@@ -105,26 +105,30 @@ class FastRoutes:
             self.pipeline.record(ctx)
 
 
-# Methods a browser sends cross-origin without asking first (a "simple" request: text/plain or
-# form body, no preflight) and that change something.
-_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Body types a browser sends cross-origin without asking first (a "simple" request, no preflight;
+# anything else is preceded by an OPTIONS that the gateway never grants).
+_SIMPLE_TYPES = frozenset(
+    {b"", b"text/plain", b"application/x-www-form-urlencoded", b"multipart/form-data"}
+)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def cross_origin(scope: Scope) -> bool:
-    """Whether an unsafe request comes from a web page of another origin (CSRF).
+    """Whether a request is a simple POST from a web page of another origin (CSRF).
 
-    The gateway sends no CORS headers, so no page of another origin can read its answers; but a
-    browser sends a simple POST without asking, and the server acts on it: any web site a user
-    visits could spend an open gateway's provider credit, or drive a loopback admin API that has
-    no key (drain members, open breakers, reload, create keys). Browsers mark such requests with
-    `Sec-Fetch-Site` (anything but `same-origin` or `none`, a user's own navigation), and older
-    ones with an `Origin` naming another host than the `Host` they address. Clients that are not
-    browsers send neither and are not affected.
+    The gateway sends no CORS headers, so no page of another origin can read its answers or pass
+    a preflight; but a browser sends a simple POST (a text/plain or form body, no custom header)
+    without asking, and the server acts on it: any web site a user visits could spend an open
+    gateway's provider credit, or drive a loopback admin API that has no key (drain members,
+    open breakers, reload, create keys). Browsers mark such requests with `Sec-Fetch-Site`
+    (anything but `same-origin` or `none`, a user's own navigation), and older ones with an
+    `Origin` naming another host than the `Host` they address. Clients that are not browsers
+    send neither, and a JSON request with a key is never a simple one: neither is affected.
     """
-    if scope["method"] in _SAFE_METHODS:
+    if scope["method"] != "POST":
         return False
     origin = host = site = None
+    ctype = b""
     for name, value in scope["headers"]:
         if name == b"sec-fetch-site":
             site = value
@@ -132,6 +136,10 @@ def cross_origin(scope: Scope) -> bool:
             origin = value
         elif name == b"host":
             host = value
+        elif name == b"content-type":
+            ctype = value.split(b";", 1)[0].strip().lower()
+    if ctype not in _SIMPLE_TYPES:
+        return False
     if site is not None:
         return site.strip().lower() not in (b"same-origin", b"none")
     if origin is None:

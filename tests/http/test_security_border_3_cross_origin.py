@@ -5,7 +5,7 @@ without any preflight, and the gateway used to act on it: any site a user visite
 open gateway's provider credit, or drain members, open breakers and reload the policy through
 the admin API that a gateway without an admin key serves to loopback callers. Such requests
 (marked by `Sec-Fetch-Site`, or by an `Origin` of another host than `Host` in older browsers)
-are now a 403 in the API's shape, recorded once, and never reach a provider; same-origin pages
+with a body type a browser sends without a preflight are now a 403 in the API's shape, recorded once, and never reach a provider; same-origin pages
 (the dashboard), clients that are not browsers and safe methods are unaffected.
 
 Live: a gateway over the project's simulators, raw HTTP as a browser writes it, the official
@@ -100,7 +100,12 @@ def test_a_cross_origin_inference_request_is_refused_before_any_provider(
     assert m.json()["type"] == "error" and m.json()["error"]["type"] == "permission_error"
     for path in ("/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/gateway/explain"):
         assert _browser(gw, "POST", path, "{}", **CROSS[how]).status_code == 403, path
-    assert _browser(gw, "DELETE", "/v1/responses/resp_x", "", **CROSS[how]).status_code == 403
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    assert (
+        _browser(gw, "POST", "/v1/chat/completions", CHAT, **CROSS[how], **form).status_code == 403
+    )
+    no_type = httpx.post(gw.base_url + "/chat/completions", content=CHAT, headers=CROSS[how])
+    assert no_type.status_code == 403
     assert _chat_total(fleet) == before
 
 
@@ -147,5 +152,17 @@ def test_same_origin_pages_clients_and_safe_methods_still_work(
         max_tokens=4,
         messages=[{"role": "user", "content": "hi"}],  # type: ignore[arg-type]
     ).content
+    # A request no browser sends without a preflight (JSON, a key) came from a client that chose
+    # to send it (a desktop app's own fetch): not refused.
+    json_req = httpx.post(
+        gw.base_url + "/chat/completions",
+        content=CHAT,
+        headers={
+            "content-type": "application/json",
+            "authorization": "Bearer x",
+            **CROSS["other-site"],
+        },
+    )
+    assert json_req.status_code == 200, json_req.text
     # Reading is not refused (a cross-origin page cannot read the answer anyway).
     assert httpx.get(gw.base_url + "/models", headers={"origin": EVIL}).status_code == 200
