@@ -687,21 +687,52 @@ class UpstreamClient:
     async def _first_event(self, resp: aiohttp.ClientResponse) -> bytes:
         """Bytes up to (at least) the first complete data event; raises UpstreamFailure."""
         limit = self._limits.max_event_bytes
-        buf = b""
+        # In an SSE stream an event ends only at a line end, and whole events without data
+        # (comments, `retry:` fields) need checking once: each check sees only the bytes after
+        # them, and only when a line end came. Checking everything on every read made a flood of
+        # tiny comments (or a long line sent in small pieces) cost time quadratic in its size,
+        # stalling every other request for seconds.
+        sse = is_event_stream(resp.headers.get("content-type"))
+        parts: list[bytes] = []
+        size = 0
+        rest = b""  # SSE: the bytes after the whole data-less events already checked
         while True:
             chunk = await resp.content.readany()
             if not chunk:
                 if resp.content.at_eof():
                     raise UpstreamFailure("bad_response", "stream ended before its first event")
                 continue
-            buf += chunk
-            try:
-                if self._wire.first_event_complete(buf):
-                    return buf
-            except InvalidAnswer as e:
-                raise UpstreamFailure("bad_response", str(e)) from None
-            if len(buf) > limit:
+            parts.append(chunk)
+            size += len(chunk)
+            if sse:
+                rest += chunk
+            # Without a line end no SSE event completed.
+            if not sse or b"\n" in chunk or b"\r" in chunk:
+                try:
+                    if self._wire.first_event_complete(rest if sse else b"".join(parts)):
+                        return parts[0] if len(parts) == 1 else b"".join(parts)
+                except InvalidAnswer as e:
+                    raise UpstreamFailure("bad_response", str(e)) from None
+                if sse:
+                    rest = rest[_events_end(rest) :]
+            if size > limit:
                 raise UpstreamFailure("bad_response", f"stream event larger than {limit} bytes")
+
+
+def _events_end(buf: bytes) -> int:
+    """Where the last whole event of an SSE stream's bytes ends (0: none), at a point where
+    cutting keeps the rest's reading: the blank line ends in LF, or in a CR followed by a byte
+    that is not LF (a CR last might be half a CRLF)."""
+    end = 0
+    for pattern in (b"\n\n", b"\n\r\n"):
+        i = buf.rfind(pattern)
+        if i >= 0:
+            end = max(end, i + len(pattern))
+    for pattern in (b"\r\r", b"\n\r"):
+        i = buf.rfind(pattern, 0, len(buf) - 1)
+        if i >= 0 and buf[i + 2] != 0x0A:
+            end = max(end, i + 2)
+    return end
 
 
 # Error bodies are read only for their message: the rest is never needed.
