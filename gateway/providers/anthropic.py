@@ -21,6 +21,9 @@ marks its own blocks.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -53,6 +56,7 @@ STOP_REASONS = {
     "refusal": "content_filter",
 }
 IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
+_DATA_URL = re.compile(r"^data:(image/[a-z0-9.+-]+);base64,(.*)$", re.S | re.I)
 EPHEMERAL = {"type": "ephemeral"}
 # Anthropic error types in a stream's error event -> failure kinds.
 _STREAM_ERRORS = {
@@ -330,12 +334,23 @@ def _image(part: dict[str, Any], param: str) -> dict[str, Any]:
     url = spec.get("url") if isinstance(spec, dict) else spec
     if not isinstance(url, str) or not url:
         raise BadRequest("An image_url part needs a 'url'.", f"{param}.image_url.url")
-    if url.startswith("data:"):
-        head, sep, data = url[5:].partition(",")
-        media_type, _, encoding = head.partition(";")
-        if not sep or encoding != "base64" or media_type not in IMAGE_TYPES:
+    if url[:5].lower() == "data:":
+        # Read as the Gemini and Bedrock mappings read it (scheme and type in any case,
+        # `image/jpg` for JPEG), and the data checked here: Anthropic refuses bad base64.
+        m = _DATA_URL.match(url)
+        media_type = m.group(1).lower().replace("/jpg", "/jpeg") if m else ""
+        if m is None or media_type not in IMAGE_TYPES:
             raise BadRequest(
                 "An image data URL must be base64 JPEG, PNG, GIF or WebP.", f"{param}.image_url.url"
+            )
+        data = m.group(2).strip()
+        try:
+            valid = bool(base64.b64decode(data, validate=True))
+        except (binascii.Error, ValueError):
+            valid = False
+        if not valid:
+            raise BadRequest(
+                "An image data URL must carry non-empty base64 data.", f"{param}.image_url.url"
             )
         source: dict[str, Any] = {"type": "base64", "media_type": media_type, "data": data}
     elif url.startswith(("https://", "http://")):

@@ -75,9 +75,11 @@ def _image_block(part: Mapping[str, Any], param: str) -> dict[str, Any]:
     fmt = m.group(1).lower()
     data = m.group(2).strip()
     try:
-        base64.b64decode(data, validate=True)
+        valid = bool(base64.b64decode(data, validate=True))  # empty is no image
     except (binascii.Error, ValueError):
-        raise TranslationError(f"{param}: the data: URL is not valid base64", param) from None
+        valid = False
+    if not valid:
+        raise TranslationError(f"{param}: the data: URL is not valid base64", param)
     # JSON protocol: a blob travels as its base64 text.
     return {"image": {"format": "jpeg" if fmt == "jpg" else fmt, "source": {"bytes": data}}}
 

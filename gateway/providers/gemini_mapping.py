@@ -102,9 +102,11 @@ def _user_parts(content: Any, param: str) -> list[dict[str, Any]]:
                 )
             data = m.group(2).strip()
             try:
-                base64.b64decode(data, validate=True)
+                valid = bool(base64.b64decode(data, validate=True))  # empty is no image
             except (binascii.Error, ValueError):
-                raise TranslationError(f"{param}[{i}]: not valid base64", param) from None
+                valid = False
+            if not valid:
+                raise TranslationError(f"{param}[{i}]: not valid base64", param)
             mime = m.group(1).lower().replace("jpg", "jpeg")
             parts.append({"inlineData": {"mimeType": mime, "data": data}})
         else:
