@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import time
@@ -53,6 +54,16 @@ class FastRoutes:
         if scope["type"] == "http" and cross_origin(scope):
             await self._refuse_cross_origin(scope, receive, send)
             return
+        if scope["type"] == "http" and self._rebound(scope):
+            err = GatewayError(
+                403,
+                "Without GATEWAY_ADMIN_KEY the admin API answers only requests addressed to a "
+                "loopback name (localhost, 127.0.0.1, [::1]); set GATEWAY_ADMIN_KEY to reach it "
+                "by another name.",
+                code="admin_forbidden",
+            )
+            await err.to_response()(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST" and not self.app.user_middleware:
             path: str = scope["path"]
             root = scope.get("root_path")
@@ -86,6 +97,27 @@ class FastRoutes:
                         finish_now(response)  # its stages' hooks still run: recorded once
                 return
         await self.app(scope, receive, send)
+
+    def _rebound(self, scope: Scope) -> bool:
+        """Whether a request to what loopback callers may use without a key (the admin API and
+        dashboard, `/metrics`) addresses the gateway by another name than a loopback one.
+
+        A web page whose host name an attacker re-points to 127.0.0.1 (DNS rebinding) is, to the
+        browser, the same origin as the gateway: it may send any request and read the answer
+        (list members, create a managed key and read its secret), and it arrives from loopback.
+        Its `Host` still names the attacker's domain: that is what tells it apart.
+        """
+        path: str = scope["path"]
+        if not (path.startswith("/admin") or path == "/metrics"):
+            return False
+        if os.environ.get("GATEWAY_ADMIN_KEY", "").strip():
+            return False  # the key decides, whatever the name
+        if path == "/metrics" and self.app.state.runtime.snapshot.policy.metrics.public:
+            return False
+        for name, value in scope["headers"]:
+            if name == b"host":
+                return not loopback_host(value)
+        return False  # HTTP/1.0 without Host: no browser sends that
 
     async def _refuse_cross_origin(self, scope: Scope, receive: Receive, send: Send) -> None:
         """403 in the path's API shape, recorded like any request (one access-log line)."""
@@ -145,6 +177,23 @@ def cross_origin(scope: Scope) -> bool:
     if origin is None:
         return False
     return not _same_origin(origin, host)
+
+
+def loopback_host(host: bytes) -> bool:
+    """Whether a `Host` value names this machine's loopback: `localhost` (or a name under it),
+    127.0.0.0/8 or ::1, with any port."""
+    try:
+        name = urlsplit("//" + host.decode("latin-1").strip()).hostname
+    except ValueError:
+        return False
+    if not name:
+        return False
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _same_origin(origin: bytes, host: bytes | None) -> bool:
