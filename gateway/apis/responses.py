@@ -25,7 +25,7 @@ from gateway.apis.response_store import ResponseStore, new_response_id, valid_re
 from gateway.context import Context
 from gateway.errors import GatewayError, bad_request
 from gateway.wire.request import DEFAULT_MAX_DEPTH, check_depth, is_depth_error, nested
-from gateway.wire.request_checks import clip
+from gateway.wire.request_checks import clip, invalid_type, invalid_value
 
 NAME = "responses"
 # Fields a client may send that only steer OpenAI's own platform: accepted, not forwarded.
@@ -235,6 +235,29 @@ def check_metadata(meta: Any) -> None:
 # The `include` value asking for output_text logprobs.
 _LOGPROBS_INCLUDE = "message.output_text.logprobs"
 MAX_TOP_LOGPROBS = 20
+
+
+# The values OpenAI takes for fields accepted and ignored here (see _IGNORED).
+_IGNORED_CHOICES: dict[str, tuple[str, ...]] = {
+    "truncation": ("auto", "disabled"),
+    "service_tier": ("auto", "default", "flex", "scale", "priority"),
+}
+
+
+def check_ignored(req: dict[str, Any]) -> None:
+    """Fields accepted but not forwarded are still checked as OpenAI checks them: a typo or a
+    wrong type is a 400 naming the field, not silently a 200."""
+    for name, choices in _IGNORED_CHOICES.items():
+        value = req.get(name)
+        if value is not None and value not in choices:
+            if not isinstance(value, str):
+                raise invalid_type(name, "a string", value)
+            raise invalid_value(name, value, choices)
+    for name in ("reasoning", "stream_options"):
+        if req.get(name) is not None and not isinstance(req[name], dict):
+            raise invalid_type(name, "an object", req[name])
+    if req.get("prompt_cache_key") is not None and not isinstance(req["prompt_cache_key"], str):
+        raise invalid_type("prompt_cache_key", "a string", req["prompt_cache_key"])
 
 
 def check_logprobs(req: dict[str, Any]) -> None:
@@ -859,6 +882,7 @@ class ResponsesExchange:
     async def request(self, raw: bytes, ctx: Context) -> bytes:
         req = parse(raw, self.max_depth)
         check_logprobs(req)  # before `include` is dropped with the other ignored fields
+        check_ignored(req)
         for k in _IGNORED.intersection(req):
             del req[k]
         history: list[dict[str, Any]] = []
