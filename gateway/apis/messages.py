@@ -271,10 +271,14 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
                 "only custom (client) tools are supported.",
                 f"tools.{i}.type",
             )
-        fn: dict[str, Any] = {
-            "name": t["name"],
-            "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
-        }
+        schema = t.get("input_schema")
+        # Required by Anthropic (a JSON Schema object): a tool without one is a 400 there.
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            raise _err(
+                f"tools.{i}.input_schema: Field required (a JSON Schema of type object)",
+                f"tools.{i}.input_schema",
+            )
+        fn: dict[str, Any] = {"name": t["name"], "parameters": schema}
         if isinstance(t.get("description"), str):
             fn["description"] = t["description"]
         out.append({"type": "function", "function": fn})
@@ -338,6 +342,13 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
         if not isinstance(m, dict):
             raise _err(f"{where}: expected an object.", where)
         role = m.get("role")
+        if m.get("content") == [] and not (role == "assistant" and i == len(messages) - 1):
+            # As Anthropic: only a final assistant turn (a prefill) may be empty.
+            raise _err(
+                f"{where}.content: all messages must have non-empty content except for the "
+                "optional final assistant message",
+                f"{where}.content",
+            )
         if role == "user":
             chat += _user_message(m.get("content"), where)
         elif role == "assistant":
@@ -392,6 +403,9 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True},
         }
+    extra = sorted(set(req.get("metadata") or {}) - {"user_id"})
+    if extra:  # Anthropic's metadata has user_id only; other keys are a 400 there
+        raise _err(f"metadata.{clip(extra[0])}: Extra inputs are not permitted", "metadata")
     user = (req.get("metadata") or {}).get("user_id")
     if user is not None:
         if not isinstance(user, str) or len(user) > MAX_USER_ID:
