@@ -37,7 +37,7 @@ class Redactor:
     redacted on its own.
     """
 
-    __slots__ = ("_bytes", "_edges", "_encoded", "_flat_edges", "_texts")
+    __slots__ = ("_bytes", "_edges", "_encoded", "_encoded_bytes", "_flat_edges", "_texts")
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         # Longest first, all kept: a key that begins with another key (two keys of one
@@ -51,9 +51,11 @@ class Redactor:
         # Each secret's shortest start and end that count as part of it: once, per policy.
         self._edges = tuple(edges(b) for b in self._bytes)
         self._flat_edges = tuple(e for pair in self._edges for e in pair)
-        # A provider error may quote a key base64-encoded (an echoed `Basic` credential, a
-        # decoded-then-re-encoded header): error paths only (`text`), relayed bytes stay cheap.
+        # An upstream may quote a key base64-encoded (an echoed `Basic` credential, a
+        # decoded-then-re-encoded header): masked in error messages (`text`) and whole unary
+        # answers (`json`); stream events, checked one by one, look for the plain forms only.
         self._encoded = tuple(sorted({c for s in given for c in base64_cores(s)}, key=len)[::-1])
+        self._encoded_bytes = tuple(c.encode() for c in self._encoded)
 
     def extended(self, more: Iterable[str]) -> Redactor:
         return Redactor((*self._texts, *more))
@@ -92,11 +94,14 @@ class Redactor:
 
     def json(self, body: bytes, doc: Any) -> bytes:
         """`body` (the JSON text of `doc`) redacted: whole secrets, a secret's leading or
-        trailing part, and secrets hidden by escapes (`\\u0073k-...`, `\\/` in a base64
+        trailing part, its base64 spellings, and secrets hidden by escapes (`\\u0073k-...`, `\\/` in a base64
         value: the body is then read as the decoded text). Where anything was masked, the
         answer's `logprobs` go too: their tokens spell the same text in pieces."""
         plain = orjson.dumps(doc) if has_escapes(body) else body
         masked = self.fragments(self.bytes(plain))
+        for s in self._encoded_bytes:
+            if s in masked:
+                masked = masked.replace(s, _MASK_B)
         if masked == plain:
             return body
         if b'"logprobs"' in masked:

@@ -1,4 +1,5 @@
-"""A provider key quoted base64-encoded in an upstream error never reaches a client or a log.
+"""A provider key quoted base64-encoded in an upstream error (or a whole answer) never reaches
+a client or a log.
 
 Live: official clients -> gateway -> a loopback upstream whose 400 quotes the credentials it
 received, base64-encoded the ways providers and their proxies write them (the key alone, an
@@ -21,7 +22,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from tests.support import AccessLines, GatewayServer, ThreadedUpstream, policy
+from tests.support import AccessLines, GatewayServer, ThreadedUpstream, completion_body, policy
 
 KEY = "vllm-k3y-short9"  # api_key_env
 HEADER_SECRET = "hdr-Secret-77"  # a credential header of the policy
@@ -56,10 +57,13 @@ class EchoingUpstream(ThreadedUpstream):
 
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
-        form = FORMS[body["model"]]
+        answer = body["model"].startswith("ok-")
+        form = FORMS[body["model"].removeprefix("ok-")]
         key = request.headers.get("authorization", "").removeprefix("Bearer ")
         extra = request.headers.get("x-extra-auth", "")
         message = f"{form(key)}; header {form(extra)}"
+        if answer:  # a 200 whose text quotes the credentials (a debugging proxy, an echo)
+            return web.json_response(completion_body(message))
         err = {"error": {"message": message, "type": "invalid_request_error"}}
         return web.json_response(err, status=400)
 
@@ -94,7 +98,10 @@ def gw() -> Iterator[GatewayServer]:
                 "api_key_env": "LLM_KEY_SHORT",
                 "headers": {"X-Extra-Auth": "${LLM_KEY_HDR}"},
             },
-            models={form: {"pool": "main"} for form in FORMS},
+            models={
+                **{form: {"pool": "main"} for form in FORMS},
+                **{f"ok-{form}": {"pool": "main"} for form in FORMS},
+            },
         )
         with GatewayServer(doc) as server:
             yield server
@@ -133,3 +140,14 @@ def test_a_base64_encoded_key_in_an_upstream_error_never_reaches_the_client(
         ac.messages.create(model=form, max_tokens=5, messages=MSG)  # type: ignore[arg-type]
     assert isinstance(ae.value.body, dict) and ae.value.body.get("type") == "error"
     assert not _leaks(json.dumps(ae.value.body)), ae.value.body
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_a_base64_encoded_key_in_an_upstream_answer_never_reaches_the_client(
+    gw: GatewayServer, form: str
+) -> None:
+    client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0)
+    out = client.chat.completions.create(model=f"ok-{form}", messages=MSG)  # type: ignore[arg-type]
+    text = out.choices[0].message.content or ""
+    assert "header" in text  # the answer is relayed, its credentials masked
+    assert not _leaks(text), text
