@@ -42,7 +42,11 @@ from gateway.providers.common import (
 from gateway.providers.settings import AnthropicSettings
 from gateway.providers.upstream import UpstreamFailure, _status_failure, parse_retry_after
 from gateway.wire.answer_checks import InvalidAnswer, first_event_complete
-from gateway.wire.request_checks import assistant_text_parts, chat_only_output
+from gateway.wire.request_checks import (
+    assistant_text_parts,
+    chat_only_output,
+    narrowed_to_allowed_tools,
+)
 from gateway.wire.sse import SSESplitter, event_data
 
 PATH = "/v1/messages"
@@ -109,6 +113,7 @@ class AnthropicAdapter(Adapter):
 
     def message_params(self, body: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
         """The Messages API request for an OpenAI chat request."""
+        body = dict(narrowed_to_allowed_tools(body))
         n = body.get("n")
         if n is not None and n != 1:
             raise _unsupported("n > 1")

@@ -39,7 +39,11 @@ from gateway.providers.common import (
     unsupported_role,
 )
 from gateway.resilience.failures import member_caused
-from gateway.wire.request_checks import assistant_text_parts, chat_only_output
+from gateway.wire.request_checks import (
+    assistant_text_parts,
+    chat_only_output,
+    narrowed_to_allowed_tools,
+)
 from gateway.wire.sse import DONE, encode_event
 
 # ---------------------------------------------------------------------------- requests
@@ -219,6 +223,7 @@ def chat_to_converse(body: Mapping[str, Any]) -> dict[str, Any]:
 
     The model id is not part of the body: it goes in the URL path.
     """
+    body = narrowed_to_allowed_tools(body)
     n = body.get("n")
     if isinstance(n, int) and n > 1:
         raise TranslationError("Bedrock answers one choice per request: n must be 1", "n")

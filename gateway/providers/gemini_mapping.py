@@ -45,7 +45,11 @@ from gateway.providers.common import (
 )
 from gateway.providers.upstream import TRANSIENT_4XX
 from gateway.resilience.failures import member_caused
-from gateway.wire.request_checks import assistant_text_parts, chat_only_output
+from gateway.wire.request_checks import (
+    assistant_text_parts,
+    chat_only_output,
+    narrowed_to_allowed_tools,
+)
 from gateway.wire.sse import SSESplitter, event_data
 
 _DATA_URL = re.compile(
@@ -192,6 +196,7 @@ def _tools(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]] | None, dict[s
 
 def chat_to_gemini(body: Mapping[str, Any]) -> dict[str, Any]:
     """The generateContent request body for an OpenAI chat request (the model is in the URL)."""
+    body = narrowed_to_allowed_tools(body)
     wanted = chat_only_output(body)
     if wanted:  # the answer could not carry it: refused, never silently dropped
         raise TranslationError(f"{wanted} is not translated for Gemini", wanted)

@@ -673,3 +673,40 @@ def assistant_text_parts(content: Any) -> Any:
         else p
         for p in content
     ]
+
+
+ALLOWED_TOOLS_MODES = ("auto", "required")
+
+
+def narrowed_to_allowed_tools(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The body with a `tool_choice` of type `allowed_tools` in the plain forms every vendor has:
+    only the allowed tools offered, `tool_choice` their mode. That is what it asks (OpenAI keeps
+    the whole list only so that its prompt cache holds). A body without one, or with one that is
+    not well formed, comes back as it is."""
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict) or choice.get("type") != "allowed_tools":
+        return body
+    spec = choice.get("allowed_tools")
+    tools = body.get("tools")
+    if not isinstance(spec, dict) or not isinstance(tools, list):
+        return body
+    mode, allowed = spec.get("mode"), spec.get("tools")
+    if mode not in ALLOWED_TOOLS_MODES or not isinstance(allowed, list) or not allowed:
+        return body
+    names = set()
+    for ref in allowed:
+        kind = ref.get("type") if isinstance(ref, dict) else None
+        named = ref.get(kind) if isinstance(ref, dict) and isinstance(kind, str) else None
+        if not isinstance(named, dict) or not isinstance(named.get("name"), str):
+            return body
+        names.add((kind, named["name"]))
+    kept = [
+        t
+        for t in tools
+        if isinstance(t, dict)
+        and isinstance(t.get(t.get("type") or ""), dict)
+        and (t["type"], t[t["type"]].get("name")) in names
+    ]
+    if len(kept) != len(names):  # an allowed tool that is not offered: left to the vendor
+        return body
+    return {**body, "tools": kept, "tool_choice": mode}
