@@ -24,6 +24,7 @@ from typing import Any, ClassVar, cast
 import aiohttp
 import yarl
 from aiohttp.client_proto import ResponseHandler
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.policy.schema import Provider, Timeouts
 from gateway.resilience import failures
@@ -47,6 +48,10 @@ _MODEL_NOT_FOUND = re.compile(rb"(?i)model_not_found|model\W[^.]{0,120}?(does no
 TRANSIENT_4XX = frozenset({408, 409, 425})
 # Kept pooled connections are closed after this long unused.
 KEEPALIVE_S = 30.0
+
+# Interim (1xx) answers accepted before a final one: a provider sends one or two (Go's client
+# allows 5 too).
+MAX_INTERIM = 5
 
 # Set by the connector when the current task's request got a pooled (reused) connection.
 _reused: contextvars.ContextVar[bool] = contextvars.ContextVar("upstream_reused", default=False)
@@ -178,6 +183,7 @@ class _Protocol(ResponseHandler):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
         self.idle = False  # waiting in the pool, no request on it
+        self.interim = 0  # 1xx answers since the last final one
 
     def data_received(self, data: bytes) -> None:
         if self.idle and data:
@@ -186,6 +192,29 @@ class _Protocol(ResponseHandler):
                 transport.close()  # not connected any more: the pool discards it
             return
         super().data_received(data)
+
+    def feed_data(self, data: Any, size: int = 0) -> None:
+        """One parsed answer head (and its body reader) for the waiting request.
+
+        Interim answers (100 Continue, 103 Early Hints) are skipped by the reader one by one, so
+        an endless stream of them was parsed and queued until the attempt's time ran out (a
+        few hundred MB held for a single request): past MAX_INTERIM the answer is broken.
+        """
+        code = data[0].code
+        if 100 <= code < 200 and code != 101:
+            self.interim += 1
+            if self.interim > MAX_INTERIM:
+                if self.interim == MAX_INTERIM + 1:
+                    self.set_exception(
+                        HttpProcessingError(message=f"more than {MAX_INTERIM} 1xx answers")
+                    )
+                    transport = self.transport
+                    if transport is not None:
+                        transport.close()
+                return
+        else:
+            self.interim = 0
+        super().feed_data(data, size)
 
 
 class _Connector(aiohttp.TCPConnector):
