@@ -132,6 +132,22 @@ def _items(items: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def check_call_outputs(messages: list[dict[str, Any]]) -> None:
+    """Each function_call_output answers a function call made before it (stored or in this
+    input), as OpenAI requires: vendors take an orphan result differently (ignored or a 400)."""
+    calls: set[Any] = set()
+    for m in messages:
+        made = m.get("tool_calls")
+        if isinstance(made, list):
+            calls.update(c.get("id") for c in made if isinstance(c, dict))
+        if m.get("role") == "tool" and m.get("tool_call_id") not in calls:
+            raise _err(
+                "No tool call found for function call output with call_id "
+                f"'{clip(m.get('tool_call_id'))}'.",
+                "input",
+            )
+
+
 def _tools(tools: Any) -> list[dict[str, Any]]:
     if not isinstance(tools, list):
         raise _err("'tools' must be an array.", "tools", "invalid_type")
@@ -902,6 +918,7 @@ class ResponsesExchange:
                 )
             history = list(stored)
         turn = turn_messages(req)
+        check_call_outputs(history + turn)
         body = to_chat(req, history, turn)
         self.history = history + turn
         self.shape = ResponseShape(req, new_response_id(), body["model"])
