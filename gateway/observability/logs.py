@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -17,11 +18,21 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.redact import MASK
+from gateway.wire.request import SDK_FIELDS
+
 if TYPE_CHECKING:
     from gateway.context import Context
 
 ACCESS = "gateway.access"
 _BODY_LIMIT = 64 * 1024  # a logged body is cut here: log lines must stay bounded
+# Client-library settings a client may send in the body (`api_key`, `extra_headers` with its
+# Authorization...): dropped before forwarding, and masked in a logged body.
+_SDK_NAMES = tuple(f'"{name}"'.encode() for name in sorted(SDK_FIELDS))
+_SDK_MEMBER = re.compile(
+    r'("(?:' + "|".join(sorted(SDK_FIELDS)) + r')"\s*:\s*)'
+    r'("(?:[^"\\]|\\.)*"?|\{[^{}]*\}?|\[[^\[\]]*\]?|[^,{}\s]+)'
+)
 
 
 def access_log_enabled(env: Mapping[str, str] = os.environ) -> bool:
@@ -83,9 +94,25 @@ def access_record(ctx: Context, bodies: bool = False) -> dict[str, Any]:
     if ctx.similarity is not None:
         rec["similarity"] = ctx.similarity
     if bodies:
-        rec["request_body"] = _text(ctx.request_body)
+        rec["request_body"] = _text(_without_credentials(ctx.request_body))
         rec["response_body"] = _text(ctx.response_body)
     return rec
+
+
+def _without_credentials(body: bytes | None) -> bytes | None:
+    """A client's request body with the values of its SDK settings masked (a key sent in the
+    body is a secret: it must not reach the log). Parsed only when one may be there."""
+    if not body or (b"\\u" not in body and not any(n in body for n in _SDK_NAMES)):
+        return body
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        # Not JSON (refused with a 400): the settings' values masked where they can be read.
+        text = body.decode("utf-8", "replace")
+        return _SDK_MEMBER.sub(lambda m: m.group(1) + f'"{MASK}"', text).encode()
+    if not isinstance(doc, dict) or SDK_FIELDS.isdisjoint(doc):
+        return body
+    return orjson.dumps({k: MASK if k in SDK_FIELDS else v for k, v in doc.items()})
 
 
 def _text(body: bytes | None) -> str | None:
