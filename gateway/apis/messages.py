@@ -337,6 +337,7 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
     system = req.get("system")
     if system is not None and system != "" and system != []:
         chat.append({"role": "system", "content": _text_of_blocks(system, "system")})
+    called: set[str] = set()  # the tool_use ids of the last assistant turn
     for i, m in enumerate(messages):
         where = f"messages.{i}"
         if not isinstance(m, dict):
@@ -350,9 +351,23 @@ def to_chat(req: dict[str, Any], *, count_only: bool = False) -> dict[str, Any]:
                 f"{where}.content",
             )
         if role == "user":
-            chat += _user_message(m.get("content"), where)
+            turn = _user_message(m.get("content"), where)
+            for t in (x for x in turn if x["role"] == "tool"):
+                # As Anthropic: a tool_result answers a tool_use of the turn just before it
+                # (a chat provider would ignore an orphan result or refuse it its own way).
+                if t["tool_call_id"] not in called:
+                    raise _err(
+                        f"{where}.content: unexpected tool_use_id found in tool_result "
+                        f"blocks: {clip(t['tool_call_id'])}. Each tool_result block must have a "
+                        "corresponding tool_use block in the previous message.",
+                        f"{where}.content",
+                    )
+            chat += turn
+            called = set()
         elif role == "assistant":
-            chat.append(_assistant_message(m.get("content"), where))
+            answer = _assistant_message(m.get("content"), where)
+            called = {c["id"] for c in answer.get("tool_calls") or []}
+            chat.append(answer)
         else:
             raise _err(f"{where}.role: expected 'user' or 'assistant'.", f"{where}.role")
     body: dict[str, Any] = {"model": model, "messages": chat}
