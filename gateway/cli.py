@@ -166,8 +166,13 @@ def _metrics_dir(workers: int) -> Path | None:
 
 
 def _http_protocol(choice: str) -> Any:
-    """httptools (with the gateway's connection-loss fix) when installed, else uvicorn's pick."""
+    """httptools (with the gateway's connection-loss fix) when installed, else uvicorn's pick;
+    h11 with the gateway's answer to unparsable requests (in the API's shape, recorded)."""
     resolved = _installed(choice, "httptools")
+    if resolved == "h11":
+        from gateway.http.protocol import GatewayH11Protocol
+
+        return GatewayH11Protocol
     if resolved != "httptools":
         return resolved
     from gateway.http.protocol import GatewayHttpProtocol

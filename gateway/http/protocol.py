@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import httptools
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.apis.messages import anthropic_error, owns_path
@@ -687,3 +688,30 @@ def _tcp_state(transport: asyncio.BaseTransport) -> int | None:
         return int(sock.getsockopt(socket.IPPROTO_TCP, tcp_info, 8)[0])
     except (OSError, TypeError, ValueError, IndexError):
         return None
+
+
+class GatewayH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol (`--http h11`), answering what it cannot parse like the httptools
+    one: a 400 in the API's error shape, recorded through the app's hook (one access-log line,
+    one metrics count). uvicorn's own answer was a bare text/plain line that nothing recorded."""
+
+    def send_400_response(self, msg: str) -> None:
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # A malformed body: the running request is recorded when it ends (as 499).
+            super().send_400_response(msg)
+            return
+        # The refused request's target is unknown once h11 gave up on its head: OpenAI's shape.
+        record: RecordRefused | None = self.app_state.get(RECORD_KEY)
+        request_id = None
+        if record is not None:
+            try:
+                request_id = record(400, "")
+            except Exception as exc:  # noqa: BLE001 - an answer must still go out
+                log.exception("recording a refused request failed", exc_info=exc)
+        if not self.transport.is_closing():
+            self.transport.write(error_response(400, "", _INVALID[0], _INVALID[1], request_id))
+            self.transport.close()
+
+
+_INVALID = ("Invalid HTTP request received.", "invalid_http_request")
