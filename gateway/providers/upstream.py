@@ -450,6 +450,10 @@ class UpstreamClient:
                 timeout=aiohttp.ClientTimeout(total=None),
                 trust_env=False,
                 skip_auto_headers=("User-Agent",),
+                # A provider's (or its proxy's) cookies are never kept: sent back, they would tie
+                # every later request, whoever's, to what one answer set, and a jar of them grows
+                # without bound.
+                cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=True,
                 raise_for_status=False,
             )
