@@ -135,7 +135,14 @@ class AnthropicAdapter(Adapter):
             stops = [stop] if isinstance(stop, str) else stop
             if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
                 raise BadRequest("'stop' must be a string or an array of strings.", "stop")
-            out["stop_sequences"] = stops
+            # Anthropic refuses empty and whitespace-only stop sequences. An empty one stops
+            # nothing and is left out; one of whitespace ("\n") cannot be asked of Anthropic,
+            # and leaving it out would run past it: another member may serve it.
+            stops = [x for x in stops if x]
+            if any(not x.strip() for x in stops):
+                raise _unsupported("whitespace-only stop sequences")
+            if stops:
+                out["stop_sequences"] = stops
         tools = body.get("tools")
         if tools:
             out["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
