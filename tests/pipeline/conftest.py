@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.context import Context
+from gateway.governance.service import Principal
 from gateway.pipeline.call import Call
 from gateway.pipeline.reply import StreamReply
 from gateway.policy.loader import parse_policy
@@ -88,6 +89,12 @@ def http_request(
 def incoming(snap: Snapshot, body: bytes = b"", headers: dict[str, str] | None = None) -> Call:
     """A call as the HTTP server hands it to the front stages (nothing found yet)."""
     return Call(Context("req-1", 0.0), snap, "chat", http_request(body, headers))
+
+
+def authenticated(call: Call, principal: Principal | None = None) -> Call:
+    """`call` as Authenticate leaves it: for the stages after it (an open gateway's caller)."""
+    call.principal = principal if principal is not None else Principal("default", "")
+    return call
 
 
 class FakeNext:

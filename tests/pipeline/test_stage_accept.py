@@ -9,7 +9,14 @@ from gateway.context import READ_TIMEOUT_KEY, Context
 from gateway.errors import GatewayError
 from gateway.pipeline.call import Call
 from gateway.pipeline.stages.accept import Accept
-from tests.pipeline.conftest import FakeNext, chat_body, http_request, incoming, snapshot
+from tests.pipeline.conftest import (
+    FakeNext,
+    authenticated,
+    chat_body,
+    http_request,
+    incoming,
+    snapshot,
+)
 
 SMALL = {"server": {"max_body_bytes": 1024}}
 
@@ -24,7 +31,7 @@ async def refused(call: Call) -> GatewayError:
 
 async def test_accepts_and_hands_down_the_parsed_request() -> None:
     raw = orjson.dumps(chat_body("hello", stream=True, max_tokens=7))
-    call, fake = incoming(snapshot(), raw), FakeNext()
+    call, fake = authenticated(incoming(snapshot(), raw)), FakeNext()
     assert await Accept()(call, fake) is fake.response
     assert fake.calls == [call]
     assert call.raw == raw and call.ctx.request_body == raw
@@ -62,7 +69,7 @@ async def test_a_body_that_never_came(timed_out: bool, status: int) -> None:
 
 async def test_a_replay_brings_its_body_and_is_never_streamed() -> None:
     ctx = Context("r", 0.0, replay=True)
-    call = Call(ctx, snapshot(), "chat")
+    call = authenticated(Call(ctx, snapshot(), "chat"))
     call.raw = orjson.dumps(chat_body(stream=True))
     fake = FakeNext()
     await Accept()(call, fake)

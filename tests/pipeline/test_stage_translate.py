@@ -17,6 +17,7 @@ from gateway.pipeline.stages.translate import Translate
 from tests.pipeline.conftest import (
     COMPLETION,
     FakeNext,
+    authenticated,
     drain,
     http_request,
     json_response,
@@ -30,7 +31,9 @@ CHUNK = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "
 
 def call(body: dict = MESSAGES) -> Call:
     ctx = Context("req-1", 0.0, endpoint="messages")
-    return Call(ctx, snapshot(), "chat", http_request(orjson.dumps(body)), MessagesAPI().begin())
+    return authenticated(
+        Call(ctx, snapshot(), "chat", http_request(orjson.dumps(body)), MessagesAPI().begin())
+    )
 
 
 async def through(fake: FakeNext, body: dict = MESSAGES) -> tuple[Response, dict]:
