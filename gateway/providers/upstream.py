@@ -477,7 +477,8 @@ class UpstreamClient:
     async def _post(
         self, path: str, body: bytes, headers: dict[str, str] | None, timeouts: Timeouts
     ) -> aiohttp.ClientResponse:
-        """POST, resending once on a stale pooled connection; raises aiohttp/OS errors."""
+        """POST, resending once on a stale pooled connection; raises aiohttp/OS errors, or
+        UpstreamFailure(bad_response) for a final status under 200."""
         session = self._client()
         url: str | yarl.URL = self._base + path
         if self._encoded:
@@ -486,13 +487,22 @@ class UpstreamClient:
         for attempt in (0, 1):
             _reused.set(False)
             try:
-                return await session.post(
+                resp = await session.post(
                     url, data=body, headers=headers, timeout=timeout, allow_redirects=False
                 )
             except (aiohttp.ClientError, OSError) as e:
                 if attempt or not _stale(e):
                     raise
                 self.stale_resends += 1
+                continue
+            if resp.status < 200:
+                # No HTTP status (0-99: the parser takes any three digits) or a protocol switch
+                # nobody asked for (101): not an answer, whatever its body holds.
+                resp.close()
+                raise UpstreamFailure(
+                    "bad_response", f"provider answered {resp.status}", status=resp.status
+                )
+            return resp
         raise AssertionError("unreachable")
 
     async def send(

@@ -1,7 +1,7 @@
 """Answers broken at the HTTP level (the head): a provider's failure, the same for both calls.
 
 A status line no parser takes, a header line of 1 MB, 10,000 headers, both Transfer-Encoding
-and Content-Length: the provider answered, so the attempt is a `bad_response` (another member
+and Content-Length, a final status under 200 (000, 099, 101): the provider answered, so the attempt is a `bad_response` (another member
 is tried, the client is told the answer was invalid), whether the request was streamed or not;
 never a `connect_error` ("the provider could not be reached"). Gateway on loopback, scripted
 raw upstream, the official `openai` client.
@@ -33,6 +33,15 @@ HEADS = {
 }
 
 
+# Status lines outside HTTP's final statuses over a well-formed answer (the parser takes any
+# three digits; 101 switches protocols nobody asked for): not an answer, whatever the body.
+STATUS_LINES = {
+    "status_000": b"HTTP/1.1 000 OK",
+    "status_099": b"HTTP/1.1 099 OK",
+    "status_101": b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\nconnection: upgrade",
+}
+
+
 def _chunk(text: str, finish: str | None = None) -> bytes:
     doc = {
         "id": "chatcmpl-s",
@@ -45,7 +54,8 @@ def _chunk(text: str, finish: str | None = None) -> bytes:
 
 
 class Upstream(ThreadedRawServer):
-    """`/<head>/v1/...` answers with that broken head; `/good/v1/...` answers normally."""
+    """`/<head>/v1/...` answers with that broken head, `/<status>/v1/...` with that status line
+    over a well-formed answer; `/good/v1/...` answers normally (its text: the mode)."""
 
     def url(self, mode: str) -> str:
         return f"http://127.0.0.1:{self.port}/{mode}/v1"
@@ -61,17 +71,16 @@ class Upstream(ThreadedRawServer):
             request = json.loads(await reader.readexactly(length))
             if mode in HEADS:
                 writer.write(HEADS[mode])
-            elif request.get("stream"):
-                body = _chunk("good member") + _chunk("", "stop") + b"data: [DONE]\n\n"
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
-                )
             else:
-                body = json.dumps(completion_body("good member")).encode()
+                status = STATUS_LINES.get(mode, b"HTTP/1.1 200 OK")
+                if request.get("stream"):
+                    body = _chunk(mode) + _chunk("", "stop") + b"data: [DONE]\n\n"
+                    ctype = b"text/event-stream"
+                else:
+                    body, ctype = json.dumps(completion_body(mode)).encode(), b"application/json"
                 writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                    b"%s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+                    % (status, ctype, len(body), body)
                 )
             await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -86,7 +95,7 @@ def _policy(up: Upstream) -> str:
     lines.append(f"  good: {{base_url: '{up.url('good')}'}}")
     pools = ["pools:", "  good: {members: [good]}"]
     models = ["models:"]
-    for mode in HEADS:
+    for mode in [*HEADS, *STATUS_LINES]:
         # Breakers of their own, open for the module after the failures: no effect here, the
         # solo alias is asked before the one with a fallback.
         for name, extra in ((f"{mode}_solo", ""), (mode, ", fallback: [good]")):
@@ -113,7 +122,7 @@ def _ask(gw: GatewayServer, model: str, stream: bool) -> str:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
-@pytest.mark.parametrize("head", sorted(HEADS))
+@pytest.mark.parametrize("head", sorted([*HEADS, *STATUS_LINES]))
 def test_a_broken_head_is_a_bad_response_and_another_member_answers(
     gw: GatewayServer, head: str, stream: bool
 ) -> None:
@@ -130,4 +139,4 @@ def test_a_broken_head_is_a_bad_response_and_another_member_answers(
         ]
     )[0]
     assert failures == [f"{head}_solo:bad_response"]
-    assert _ask(gw, head, stream) == "good member"
+    assert _ask(gw, head, stream) == "good"
