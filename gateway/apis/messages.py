@@ -80,6 +80,32 @@ def _status(status: int) -> int:
     return 400 if status >= 400 else status
 
 
+# A stream's error event (OpenAI-shaped: no status) by its code or type: a stream stopped for a
+# revoked key or a spent budget is not an `api_error` (Anthropic's "retry later" for its bugs).
+_STREAM_ERROR_CODES = {
+    "invalid_api_key": 401,
+    "insufficient_quota": 429,
+    "rate_limit_exceeded": 429,
+    "permission_denied": 403,
+}
+_STREAM_ERROR_TYPES = {
+    "rate_limit": 429,
+    "rate_limit_error": 429,
+    "insufficient_quota": 429,
+    "authentication_error": 401,
+    "permission_error": 403,
+}
+
+
+def _stream_error_status(error: Mapping[str, Any]) -> int:
+    code, kind = error.get("code"), error.get("type")
+    if isinstance(code, str) and code in _STREAM_ERROR_CODES:
+        return _STREAM_ERROR_CODES[code]
+    if isinstance(kind, str) and kind in _STREAM_ERROR_TYPES:
+        return _STREAM_ERROR_TYPES[kind]
+    return 500
+
+
 PATH = "/v1/messages"
 
 
@@ -825,7 +851,7 @@ class MessageStream:
         self.ended = True
         text = error.get("message")
         message = text if isinstance(text, str) else "Stream failed."
-        _, body = anthropic_error(500 if error.get("type") != "rate_limit" else 429, message)
+        _, body = anthropic_error(_stream_error_status(error), message)
         return [b"event: error\ndata: " + body + b"\n\n"]
 
     async def finish(self) -> list[bytes]:

@@ -191,6 +191,9 @@ def test_a_revoked_keys_messages_stream_ends_in_anthropic_shape(
         raised = e
     assert stopped_at and time.monotonic() - stopped_at < STOP_BOUND_S
     assert raised is not None and events < MAX_TOKENS - 10
+    # Anthropic's type for the stop, not `api_error` (its own failure, which clients retry).
+    body: Any = getattr(raised, "body", None)
+    assert body["error"]["type"] == "authentication_error", body
     line = access_log.wait_for("victim-messages", within_s=5)
     assert line["status"] == 401
     assert [x["request_id"] for x in access_log.lines].count("victim-messages") == 1
