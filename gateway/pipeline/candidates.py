@@ -101,6 +101,14 @@ class Candidates:
                 return self._take(name, member)
         return None
 
+    def unsent(self) -> None:
+        """The member last taken could not express the request (`unsupported`: nothing was
+        sent), so it does not count against its pool's attempts: a pool of vendors that cannot
+        serve it must not use up the attempts before the member that can."""
+        pool = self.ctx.pool
+        if pool and self.per_pool.get(pool, 0) > 0:
+            self.per_pool[pool] -= 1
+
     def hedge(self, pool: str) -> ProviderState | None:
         """A second member of ``pool`` for a hedged attempt: available now or not at all (no
         queueing, no probing of open breakers), within the pool's attempt limit."""

@@ -216,7 +216,8 @@ class Failover:
         """After a failed attempt: may we try again? Sleeps the backoff when yes."""
         if f.kind == "unsupported":
             # Nothing was sent (the member's type cannot express the request): the next member
-            # is no retry of a failed call, so no backoff and no retry budget.
+            # is no retry of a failed call, so no backoff, no retry budget, and (`attempt`
+            # counts calls sent) no attempt used.
             return attempt < retrier.settings.max_attempts
         if not retrier.should_retry(attempt, failure_kind(f.kind), bytes_sent_to_client=False):
             return False
@@ -237,6 +238,7 @@ class Failover:
         retrier = self.retrier(snap)
         last: UpstreamFailure | None = None
         number = 0
+        unsent = 0  # members that could not express the request: nothing was sent to them
         owed = False  # a retry token was spent for the next attempt, not made yet
         try:
             async for member in candidates:
@@ -263,7 +265,11 @@ class Failover:
                         return result, attempt
                 last = _telling(last, failed)
                 owed = failed.kind != "unsupported"  # spent below when it says yes
-                if not await self._next_attempt(retrier, number, failed):  # this failure decides
+                if failed.kind == "unsupported":
+                    unsent += 1
+                    candidates.unsent()
+                sent = number - unsent
+                if not await self._next_attempt(retrier, sent, failed):  # this failure decides
                     owed = False
                     break
         finally:
