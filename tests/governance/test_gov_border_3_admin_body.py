@@ -23,7 +23,7 @@ def _raw_post(gw: GatewayServer, path: str, head: bytes, body_parts: list[bytes]
     """Send a request by hand; return what the gateway answered (read until it closes)."""
     host, port = gw.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\n".encode() + head + b"\r\n")
+        s.sendall(f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n".encode() + head + b"\r\n")
         try:
             for part in body_parts:
                 s.sendall(part)
