@@ -74,7 +74,11 @@ def deciders() -> dict[str, tuple[Callable[[Pair], float], float]]:
     def verified(p: Pair) -> float:
         """As the cache decides: the pair, or its differing clauses where a context is shared."""
         clauses = _CLAUSES.get((p.s1, p.s2))
-        return pair_only(clauses if clauses is not None else p)
+        if clauses is None:
+            return pair_only(p)
+        if not clauses.s1 or not clauses.s2:
+            return 0.0  # a clause one text lacks altogether: never the same question
+        return pair_only(clauses)
 
     return {
         "floor (cosine)": (lambda p: p.cosine, DEFAULT_COSINE),

@@ -128,6 +128,19 @@ class SemanticLookup:
     """Embedding of the looked-up text: pass it to `store` to avoid embedding twice."""
 
 
+@dataclass(slots=True)
+class _Judged:
+    """A lookup's candidates judged on their whole texts, some of them (those sharing a dominant
+    context with the question) waiting for the verdict on their differing clauses."""
+
+    best: float | None
+    vector: np.ndarray
+    candidates: list[tuple[float, Entry, float, tuple[str, str] | None]]
+
+    def clauses(self) -> list[tuple[str, str]]:
+        return list(dict.fromkeys(c for *_, c in self.candidates if c is not None))
+
+
 class SemanticCache:
     """Namespaced semantic cache; memory only, or shared through Redis when `redis` is given."""
 
@@ -239,14 +252,17 @@ class SemanticCache:
         else:
             limit = verifier.retrieval_floor if verifier is not None else GUARDS_THRESHOLD
 
-        def search(vectors: np.ndarray | None) -> SemanticLookup:
+        def search(vectors: np.ndarray | None) -> SemanticLookup | _Judged:
             assert vectors is not None
             if self._over_length(text):
                 return SemanticLookup("skipped", reason="too_long")
             return self._match(namespace, text, vectors[0].copy(), limit, gs)
 
         try:
-            return await self.worker.submit([text], search)
+            found = await self.worker.submit([text], search)
+            if isinstance(found, _Judged):
+                found = await self._judge_clauses(found)
+            return found
         except EmbedderBusy:
             return SemanticLookup("skipped", reason="busy")
         except Exception:
@@ -255,7 +271,7 @@ class SemanticCache:
 
     def _match(
         self, namespace: str, text: str, vector: np.ndarray, limit: float, gs: GuardSettings
-    ) -> SemanticLookup:
+    ) -> SemanticLookup | _Judged:
         """Runs under the index lock: search, then judge the candidates above the threshold.
 
         The verifier scores every candidate and the most probable one that passes is served (in
@@ -277,32 +293,70 @@ class SemanticCache:
             return SemanticLookup(
                 "rejected", reason="unknown_tokens", similarity=best, vector=vector
             )
-        chosen: tuple[float, Entry] | None = None
-        reason = "verifier"
         if self.verifier is not None:
-            top = -1.0
             scores = self.verifier.probabilities(text, [(e.text, sim) for sim, e in candidates])
+            judged = _Judged(best, vector, [])
             for (sim, entry), p in zip(candidates, scores, strict=True):
                 clauses = differing_clauses(text, entry.text)
-                if clauses is not None:
-                    p = self._clause_probability(*clauses)
-                if p >= self._verifier_threshold and p > top:
-                    top, chosen = p, (sim, entry)
-        else:
-            first_reason = None
-            for sim, entry in candidates:
-                refused = guards.check(text, entry.text, gs)
-                if refused is None:
-                    chosen = (sim, entry)
-                    break
-                first_reason = first_reason or refused
-            reason = first_reason or "guards"
+                if clauses is not None and not all(clauses):
+                    # A clause one text lacks altogether: never the same question.
+                    p, clauses = 0.0, None
+                judged.candidates.append((sim, entry, p, clauses))
+            if judged.clauses():
+                # Their clauses are embedded after this, outside the index lock (which every
+                # worker's lookup takes): embedding them here had serialised all lookups.
+                return judged
+            return self._pick(judged, {})
+        chosen: tuple[float, Entry] | None = None
+        first_reason = None
+        for sim, entry in candidates:
+            refused = guards.check(text, entry.text, gs)
+            if refused is None:
+                chosen = (sim, entry)
+                break
+            first_reason = first_reason or refused
         if chosen is None:
+            reason = first_reason or "guards"
             return SemanticLookup("rejected", reason=reason, similarity=best, vector=vector)
-        sim, entry = chosen
+        return self._hit(*chosen, vector)
+
+    def _hit(self, sim: float, entry: Entry, vector: np.ndarray) -> SemanticLookup:
         self.index.touch(entry.entry_id)
         hit = SemanticHit(entry.entry_id, sim, entry.response, entry.text)
         return SemanticLookup("hit", hit, similarity=sim, vector=vector)
+
+    def _pick(self, judged: _Judged, by_clauses: Mapping[tuple[str, str], float]) -> SemanticLookup:
+        """Under the index lock: the most probable candidate at or above the threshold (a pair
+        sharing a dominant context by the probability of its clauses)."""
+        top, chosen = -1.0, None
+        for sim, entry, p, clauses in judged.candidates:
+            if clauses is not None:
+                p = by_clauses.get(clauses, 0.0)
+            if p >= self._verifier_threshold and p > top:
+                top, chosen = p, (sim, entry)
+        if chosen is None:
+            return SemanticLookup(
+                "rejected", reason="verifier", similarity=judged.best, vector=judged.vector
+            )
+        return self._hit(*chosen, judged.vector)
+
+    async def _judge_clauses(self, judged: _Judged) -> SemanticLookup:
+        """Embed the clauses the candidates differ in (each text once, from the memo where it
+        can), then pick under the index lock."""
+        pairs = judged.clauses()
+        texts = sorted({t for pair in pairs for t in pair})
+        vectors = await self.worker.embed(texts)
+        row = {t: i for i, t in enumerate(texts)}
+
+        def pick() -> SemanticLookup:
+            by_clauses = {}
+            assert vectors is not None
+            for asked, cached in pairs:
+                cosine = float(vectors[row[asked]] @ vectors[row[cached]])
+                by_clauses[(asked, cached)] = self._clause_probability(asked, cached, cosine)
+            return self._pick(judged, by_clauses)
+
+        return await self.worker.call(pick)
 
     def _unknown(self, text: str) -> tuple[str, ...]:
         """The parts of `text` the model reads as [UNK] (`Embedder.unknown_pieces`). Every
@@ -322,15 +376,12 @@ class SemanticCache:
             return False
         return self.worker.embedder.count_tokens(text) > limit
 
-    def _clause_probability(self, asked: str, cached: str) -> float:
+    def _clause_probability(self, asked: str, cached: str, cosine: float) -> float:
         """The verifier's probability for the clauses two texts sharing a dominant context
         differ in (`shared_context`): with the context the same word for word, they are the
         question. Judging the whole texts instead let different questions after one long
-        preamble through, and refused most rewordings (the model knows short questions); on
-        the worker thread, under the index lock."""
+        preamble through, and refused most rewordings (the model knows short questions)."""
         assert self.verifier is not None
-        vectors = self.worker.embed_now([asked, cached])
-        cosine = float(vectors[0] @ vectors[1])
         if not cosine >= self.verifier.retrieval_floor:  # NaN too
             return 0.0
         return self.verifier.probability(asked, cached, cosine)
