@@ -342,21 +342,20 @@ class SemanticCache:
 
     async def _judge_clauses(self, judged: _Judged) -> SemanticLookup:
         """Embed the clauses the candidates differ in (each text once, from the memo where it
-        can), then pick under the index lock."""
+        can: the worker embeds before it takes the index lock), then pick under the lock."""
         pairs = judged.clauses()
         texts = sorted({t for pair in pairs for t in pair})
-        vectors = await self.worker.embed(texts)
         row = {t: i for i, t in enumerate(texts)}
 
-        def pick() -> SemanticLookup:
-            by_clauses = {}
+        def pick(vectors: np.ndarray | None) -> SemanticLookup:
             assert vectors is not None
+            by_clauses = {}
             for asked, cached in pairs:
                 cosine = float(vectors[row[asked]] @ vectors[row[cached]])
                 by_clauses[(asked, cached)] = self._clause_probability(asked, cached, cosine)
             return self._pick(judged, by_clauses)
 
-        return await self.worker.call(pick)
+        return await self.worker.submit(texts, pick)
 
     def _unknown(self, text: str) -> tuple[str, ...]:
         """The parts of `text` the model reads as [UNK] (`Embedder.unknown_pieces`). Every

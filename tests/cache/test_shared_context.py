@@ -107,14 +107,14 @@ def test_clauses_are_embedded_once_outside_the_index_lock() -> None:
     async def run() -> tuple[list[str], list[int], list[bool]]:
         cache = SemanticCache(SemanticSettings(vector_memo=0))
         await cache.start()
-        free: list[bool] = []
-        embed = cache.worker.embed
+        free: list[bool] = []  # the index lock was free at each model call
+        embed = cache.worker._embed
 
-        async def watched(texts: list[str]) -> object:
+        def watched(texts: list[str], embedder: object) -> object:
             free.append(not cache.worker._state.locked())
-            return await embed(texts)
+            return embed(texts, embedder)  # type: ignore[arg-type]
 
-        cache.worker.embed = watched  # type: ignore[method-assign]
+        cache.worker._embed = watched  # type: ignore[method-assign,assignment]
         try:
             for text in (
                 short,
