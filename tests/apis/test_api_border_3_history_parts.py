@@ -14,22 +14,11 @@ from typing import Any
 import openai
 import pytest
 
-from loadtests.simulator.bedrock import BedrockCredentials, run_bedrock
-from loadtests.simulator.gemini import run_gemini
 from loadtests.simulator.testing import Fleet
+from tests.apis.vendors import ANTHROPIC, VENDORS, vendor_gateway
 from tests.support import GatewayServer, validate
 
-FLEET: list[Any] = [{"name": "an", "profile": "fast", "wire": "anthropic", "api_key": "ak-hp-3"}]
-CREDS = BedrockCredentials("AKIDHISTPARTS", "hist-parts-secret", "hist-parts-token", "eu-west-1")
-BR_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
-ENV = {
-    "HP3_AN_KEY": "ak-hp-3",
-    "HP3_GM_KEY": "gm-hp-3",
-    "HP3_BR_ID": CREDS.access_key_id,
-    "HP3_BR_SECRET": CREDS.secret_access_key,
-    "HP3_BR_TOKEN": CREDS.session_token or "",
-}
-VENDORS = ("an", "gm", "br")
+FLEET: list[Any] = [ANTHROPIC]
 REFUSAL = {"type": "refusal", "refusal": "I can't help with that."}
 HISTORIES: dict[str, list[dict[str, Any]]] = {
     "refusal_only": [
@@ -47,29 +36,8 @@ HISTORIES: dict[str, list[dict[str, Any]]] = {
 
 @pytest.fixture(scope="module")
 def gw(fleet: Fleet) -> Iterator[GatewayServer]:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in ENV.items():
-            mp.setenv(k, v)
-        with (
-            run_gemini(ENV["HP3_GM_KEY"]) as gm,
-            run_bedrock(CREDS, models=(BR_MODEL,)) as br,
-        ):
-            policy = f"""
-providers:
-  an: {{type: anthropic, base_url: '{fleet.root_url("an")}', api_key_env: HP3_AN_KEY, models: {{'*': claude-sim-1}}}}
-  gm: {{type: gemini, base_url: '{gm.url}', api_key_env: HP3_GM_KEY, models: {{'*': gemini-2.0-flash}}}}
-  br: {{type: bedrock, base_url: '{br.url}', models: {{'*': '{BR_MODEL}'}}, bedrock: {{region: eu-west-1, access_key_id_env: HP3_BR_ID, secret_access_key_env: HP3_BR_SECRET, session_token_env: HP3_BR_TOKEN}}}}
-pools:
-  pan: {{members: [an]}}
-  pgm: {{members: [gm]}}
-  pbr: {{members: [br]}}
-models:
-  an: {{pool: pan}}
-  gm: {{pool: pgm}}
-  br: {{pool: pbr}}
-"""
-            with GatewayServer(policy) as server:
-                yield server
+    with vendor_gateway(fleet) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

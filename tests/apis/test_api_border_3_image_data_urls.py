@@ -16,22 +16,11 @@ from typing import Any
 import openai
 import pytest
 
-from loadtests.simulator.bedrock import BedrockCredentials, run_bedrock
-from loadtests.simulator.gemini import run_gemini
 from loadtests.simulator.testing import Fleet
+from tests.apis.vendors import ANTHROPIC, VENDORS, vendor_gateway
 from tests.support import GatewayServer, validate
 
-FLEET: list[Any] = [{"name": "an", "profile": "fast", "wire": "anthropic", "api_key": "ak-img-3"}]
-CREDS = BedrockCredentials("AKIDIMAGEURLS", "image-urls-secret", "image-urls-token", "eu-west-1")
-BR_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
-ENV = {
-    "IMG3_AN_KEY": "ak-img-3",
-    "IMG3_GM_KEY": "gm-img-3",
-    "IMG3_BR_ID": CREDS.access_key_id,
-    "IMG3_BR_SECRET": CREDS.secret_access_key,
-    "IMG3_BR_TOKEN": CREDS.session_token or "",
-}
-VENDORS = ("an", "gm", "br")
+FLEET: list[Any] = [ANTHROPIC]
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(24)).decode()
 SERVED = {
     "png": f"data:image/png;base64,{PNG}",
@@ -48,29 +37,8 @@ REFUSED = {
 
 @pytest.fixture(scope="module")
 def gw(fleet: Fleet) -> Iterator[GatewayServer]:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in ENV.items():
-            mp.setenv(k, v)
-        with (
-            run_gemini(ENV["IMG3_GM_KEY"]) as gm,
-            run_bedrock(CREDS, models=(BR_MODEL,)) as br,
-        ):
-            policy = f"""
-providers:
-  an: {{type: anthropic, base_url: '{fleet.root_url("an")}', api_key_env: IMG3_AN_KEY, models: {{'*': claude-sim-1}}}}
-  gm: {{type: gemini, base_url: '{gm.url}', api_key_env: IMG3_GM_KEY, models: {{'*': gemini-2.0-flash}}}}
-  br: {{type: bedrock, base_url: '{br.url}', models: {{'*': '{BR_MODEL}'}}, bedrock: {{region: eu-west-1, access_key_id_env: IMG3_BR_ID, secret_access_key_env: IMG3_BR_SECRET, session_token_env: IMG3_BR_TOKEN}}}}
-pools:
-  pan: {{members: [an]}}
-  pgm: {{members: [gm]}}
-  pbr: {{members: [br]}}
-models:
-  an: {{pool: pan}}
-  gm: {{pool: pgm}}
-  br: {{pool: pbr}}
-"""
-            with GatewayServer(policy) as server:
-                yield server
+    with vendor_gateway(fleet) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

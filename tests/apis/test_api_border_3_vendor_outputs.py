@@ -13,25 +13,11 @@ from typing import Any
 import openai
 import pytest
 
-from loadtests.simulator.bedrock import BedrockCredentials, run_bedrock
-from loadtests.simulator.gemini import run_gemini
 from loadtests.simulator.testing import Fleet
+from tests.apis.vendors import ANTHROPIC, VENDORS, vendor_gateway
 from tests.support import GatewayServer, validate
 
-FLEET: list[Any] = [
-    {"name": "oa", "profile": "fast"},
-    {"name": "an", "profile": "fast", "wire": "anthropic", "api_key": "ak-border-3"},
-]
-CREDS = BedrockCredentials("AKIDBORDER3", "border-3-secret", "border-3-token", "eu-west-1")
-BR_MODEL = "anthropic.claude-3-5-haiku-20241022-v1:0"
-ENV = {
-    "B3_AN_KEY": "ak-border-3",
-    "B3_GM_KEY": "gm-border-3",
-    "B3_BR_ID": CREDS.access_key_id,
-    "B3_BR_SECRET": CREDS.secret_access_key,
-    "B3_BR_TOKEN": CREDS.session_token or "",
-}
-VENDORS = ("an", "gm", "br")
+FLEET: list[Any] = [{"name": "oa", "profile": "fast"}, ANTHROPIC]
 USER = [{"role": "user", "content": "Say hi"}]
 # Each body asks for an output a text-and-tool-calls answer cannot carry.
 CHAT_ONLY: dict[str, dict[str, Any]] = {
@@ -52,33 +38,15 @@ CHAT_ONLY: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def gw(fleet: Fleet) -> Iterator[GatewayServer]:
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in ENV.items():
-            mp.setenv(k, v)
-        with (
-            run_gemini(ENV["B3_GM_KEY"]) as gm,
-            run_bedrock(CREDS, models=(BR_MODEL,)) as br,
-        ):
-            policy = f"""
-retry: {{max_attempts: 4, base_backoff_ms: 0, max_backoff_ms: 0}}
-providers:
-  oa: {{base_url: '{fleet.url("oa")}'}}
-  an: {{type: anthropic, base_url: '{fleet.root_url("an")}', api_key_env: B3_AN_KEY, models: {{'*': claude-sim-1}}}}
-  gm: {{type: gemini, base_url: '{gm.url}', api_key_env: B3_GM_KEY, models: {{'*': gemini-2.0-flash}}}}
-  br: {{type: bedrock, base_url: '{br.url}', models: {{'*': '{BR_MODEL}'}}, bedrock: {{region: eu-west-1, access_key_id_env: B3_BR_ID, secret_access_key_env: B3_BR_SECRET, session_token_env: B3_BR_TOKEN}}}}
-pools:
-  pan: {{members: [an]}}
-  pgm: {{members: [gm]}}
-  pbr: {{members: [br]}}
-  mixed: {{members: [an, gm, br, oa], max_attempts: 4, balancer: {{strategy: round_robin}}}}
-models:
-  an: {{pool: pan}}
-  gm: {{pool: pgm}}
-  br: {{pool: pbr}}
-  mixed: {{pool: mixed}}
-"""
-            with GatewayServer(policy) as server:
-                yield server
+    with vendor_gateway(
+        fleet,
+        head="retry: {max_attempts: 4, base_backoff_ms: 0, max_backoff_ms: 0}",
+        providers="  oa: {base_url: '" + fleet.url("oa") + "'}",
+        pools="  mixed: {members: [an, gm, br, oa], max_attempts: 4,"
+        " balancer: {strategy: round_robin}}",
+        models="  mixed: {pool: mixed}",
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
