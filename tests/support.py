@@ -488,3 +488,21 @@ class JsonRawServer(ThreadedRawServer):
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
+
+
+def sse_chunk(delta: dict[str, Any] | str, finish: str | None = None, model: str = "m") -> bytes:
+    """One chat completion chunk as an upstream streams it (`delta` text: its content)."""
+    doc = {
+        "id": "chatcmpl-s",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": delta} if isinstance(delta, str) else delta,
+                "finish_reason": finish,
+            }
+        ],
+    }
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"

@@ -18,18 +18,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.support import GatewayServer, ThreadedRawServer, completion_body, policy
-
-
-def _chunk(text: str, finish: str | None = None) -> bytes:
-    doc = {
-        "id": "chatcmpl-s",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m",
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+from tests.support import GatewayServer, ThreadedRawServer, completion_body, policy, sse_chunk
 
 
 class CookieUpstream(ThreadedRawServer):
@@ -64,7 +53,7 @@ class CookieUpstream(ThreadedRawServer):
                     body = b'{"error": {"message": "overloaded", "type": "server_error"}}'
                 elif request.get("stream"):
                     status, ctype = b"200 OK", b"text/event-stream"
-                    body = _chunk("streamed") + _chunk("", "stop") + b"data: [DONE]\n\n"
+                    body = sse_chunk("streamed") + sse_chunk("", "stop") + b"data: [DONE]\n\n"
                 else:
                     status, ctype = b"200 OK", b"application/json"
                     body = json.dumps(completion_body("answered")).encode()

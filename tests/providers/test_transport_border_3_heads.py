@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.support import GatewayServer, ThreadedRawServer, completion_body, poll
+from tests.support import GatewayServer, ThreadedRawServer, completion_body, poll, sse_chunk
 
 _BODY = json.dumps(completion_body("broken member")).encode()
 
@@ -42,17 +42,6 @@ STATUS_LINES = {
 }
 
 
-def _chunk(text: str, finish: str | None = None) -> bytes:
-    doc = {
-        "id": "chatcmpl-s",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m",
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
-
-
 class Upstream(ThreadedRawServer):
     """`/<head>/v1/...` answers with that broken head, `/<status>/v1/...` with that status line
     over a well-formed answer; `/good/v1/...` answers normally (its text: the mode)."""
@@ -74,7 +63,7 @@ class Upstream(ThreadedRawServer):
             else:
                 status = STATUS_LINES.get(mode, b"HTTP/1.1 200 OK")
                 if request.get("stream"):
-                    body = _chunk(mode) + _chunk("", "stop") + b"data: [DONE]\n\n"
+                    body = sse_chunk(mode) + sse_chunk("", "stop") + b"data: [DONE]\n\n"
                     ctype = b"text/event-stream"
                 else:
                     body, ctype = json.dumps(completion_body(mode)).encode(), b"application/json"

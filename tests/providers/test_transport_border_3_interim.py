@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.support import GatewayServer, ThreadedRawServer, completion_body, poll
+from tests.support import GatewayServer, ThreadedRawServer, completion_body, poll, sse_chunk
 
 INTERIM = {
     "continue": b"HTTP/1.1 100 Continue\r\n\r\n",
@@ -28,20 +28,12 @@ INTERIM = {
 }
 
 
-def _chunk(text: str, finish: str | None = None) -> bytes:
-    doc = {
-        "id": "chatcmpl-s",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m",
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
-
-
 def _final(stream: bool, text: str) -> bytes:
     if stream:
-        body, ctype = _chunk(text) + _chunk("", "stop") + b"data: [DONE]\n\n", b"text/event-stream"
+        body, ctype = (
+            sse_chunk(text) + sse_chunk("", "stop") + b"data: [DONE]\n\n",
+            b"text/event-stream",
+        )
     else:
         body, ctype = json.dumps(completion_body(text)).encode(), b"application/json"
     return b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (

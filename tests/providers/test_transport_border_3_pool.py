@@ -17,18 +17,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.support import GatewayServer, ThreadedRawServer, completion_body, policy
-
-
-def _chunk(text: str, finish: str | None = None) -> bytes:
-    doc = {
-        "id": "chatcmpl-s",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m",
-        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+from tests.support import GatewayServer, ThreadedRawServer, completion_body, policy, sse_chunk
 
 
 def _response(body: bytes, ctype: bytes = b"application/json") -> bytes:
@@ -78,7 +67,7 @@ class KeepAliveUpstream(ThreadedRawServer):
                 self.requests += 1
                 text = f"answer-{self.requests}"
                 if request.get("stream"):
-                    body = _chunk(text) + _chunk("", "stop") + b"data: [DONE]\n\n"
+                    body = sse_chunk(text) + sse_chunk("", "stop") + b"data: [DONE]\n\n"
                     writer.write(_response(body, b"text/event-stream"))
                 else:
                     writer.write(_response(json.dumps(completion_body(text)).encode()))

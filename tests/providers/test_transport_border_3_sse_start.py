@@ -13,42 +13,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import openai
 import pytest
 
-from tests.support import GatewayServer, ThreadedRawServer
+from tests.support import GatewayServer, ThreadedRawServer, sse_chunk
 
 FLOOD = 96 * 1024  # bytes before the first data event (under the 1 MiB event limit)
 PIECE = 61  # bytes per write: line ends and CRLFs are cut at every place
 
 
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-    doc = {
-        "id": "chatcmpl-s",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": "m",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    return b"data: " + json.dumps(doc).encode() + b"\n\n"
-
-
-_END = _chunk({}, "stop") + b"data: [DONE]\n\n"
+_END = sse_chunk({}, "stop") + b"data: [DONE]\n\n"
 _LONG = "long " * (FLOOD // 5)
 
 # Mode -> (the stream's bytes, the text the client must read; None: the attempt must fail).
 STREAMS: dict[str, tuple[bytes, str | None]] = {
-    "lf_comments": (b": keep-alive\n\n" * (FLOOD // 14) + _chunk({"content": "ok"}) + _END, "ok"),
-    "crlf_comments": (
-        b": keep-alive\r\n\r\nretry: 10\r\n\r\n" * (FLOOD // 29) + _chunk({"content": "ok"}) + _END,
+    "lf_comments": (
+        b": keep-alive\n\n" * (FLOOD // 14) + sse_chunk({"content": "ok"}) + _END,
         "ok",
     ),
-    "cr_comments": (b":\r\r" * (FLOOD // 3) + _chunk({"content": "ok"}) + _END, "ok"),
-    "long_first_event": (_chunk({"content": _LONG}) + _END, _LONG),
+    "crlf_comments": (
+        b": keep-alive\r\n\r\nretry: 10\r\n\r\n" * (FLOOD // 29)
+        + sse_chunk({"content": "ok"})
+        + _END,
+        "ok",
+    ),
+    "cr_comments": (b":\r\r" * (FLOOD // 3) + sse_chunk({"content": "ok"}) + _END, "ok"),
+    "long_first_event": (sse_chunk({"content": _LONG}) + _END, _LONG),
     "comments_then_done_first": (b":\n\n" * (FLOOD // 3) + b"data: [DONE]\n\n", None),
     "comments_then_error": (
         b":\n\n" * (FLOOD // 3) + b'data: {"error": {"message": "overloaded"}}\n\n',
@@ -76,7 +68,7 @@ class Upstream(ThreadedRawServer):
                 b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
             )
             if mode == "good":
-                writer.write(_chunk({"content": "good member"}) + _END)
+                writer.write(sse_chunk({"content": "good member"}) + _END)
             else:
                 data = STREAMS[mode][0]
                 for i in range(0, len(data), PIECE):
