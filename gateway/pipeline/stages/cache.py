@@ -89,16 +89,22 @@ def cache_directives(cache_control: str | None, pragma: str | None = None) -> fr
         name = name.strip().lower()
         if name in ("no-store", "no-cache"):
             found.add(name)
-        elif name == "max-age":
-            value = value.strip().strip('"')
-            # Zero without int(): thousands of digits are past int()'s limit (a 500).
-            if value.isascii() and value.isdigit() and not value.strip("0"):
-                found.add("no-cache")
+        elif name == "max-age" and _delta_seconds(value) == 0:
+            found.add("no-cache")
     return frozenset(found)
 
 
 #: The largest max-age read (RFC 9111 1.2.2: a larger delta-seconds is taken as 2^31).
 MAX_AGE_LIMIT = 2**31
+
+
+def _delta_seconds(value: str) -> int | None:
+    """A directive's seconds (quoted or not), capped at MAX_AGE_LIMIT; None unless ASCII digits.
+    Bounded before int(): thousands of digits are past int()'s limit (it raised: a 500)."""
+    value = value.strip().strip('"')
+    if not (value.isascii() and value.isdigit()):
+        return None
+    return MAX_AGE_LIMIT if len(value) > 10 else min(int(value), MAX_AGE_LIMIT)
 
 
 def cache_max_age(cache_control: str | None) -> int | None:
@@ -110,14 +116,9 @@ def cache_max_age(cache_control: str | None) -> int | None:
     found: int | None = None
     for part in cache_control.split(","):
         name, _, value = part.partition("=")
-        if name.strip().lower() != "max-age":
-            continue
-        value = value.strip().strip('"')
-        # Bounded before int(): a thousand digits are a cap, not a big-number parse.
-        if not (value.isascii() and value.isdigit()):
-            continue
-        n = MAX_AGE_LIMIT if len(value) > 10 else min(int(value), MAX_AGE_LIMIT)
-        found = n if found is None else min(found, n)
+        n = _delta_seconds(value) if name.strip().lower() == "max-age" else None
+        if n is not None:
+            found = n if found is None else min(found, n)
     return found if found else None
 
 
