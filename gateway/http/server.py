@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import time
@@ -19,6 +18,7 @@ from gateway.apis.exchange import InboundAPI
 from gateway.context import Context
 from gateway.errors import GatewayError
 from gateway.http.app import create_app, endpoint_of, shaped
+from gateway.http.hosts import ALLOWED_HOSTS_ENV, AllowedHosts, host_name, loopback_name
 from gateway.http.protocol import GONE_KEY
 from gateway.pipeline.reply import finish_now
 from gateway.pipeline.stack import Pipeline, client_request_id
@@ -45,25 +45,18 @@ class FastRoutes:
     middleware has been added to the app, goes through FastAPI unchanged.
     """
 
-    def __init__(self, app: FastAPI) -> None:
+    def __init__(self, app: FastAPI, allowed_hosts: AllowedHosts | None = None) -> None:
         self.app = app
+        self.allowed_hosts = allowed_hosts or AllowedHosts([])
         self.pipeline: Pipeline = app.state.pipeline
         self.inbound: dict[str, InboundAPI] = getattr(app.state, "inbound", {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and cross_origin(scope):
-            await self._refuse_cross_origin(scope, receive, send)
-            return
-        if scope["type"] == "http" and self._rebound(scope):
-            err = GatewayError(
-                403,
-                "Without GATEWAY_ADMIN_KEY the admin API answers only requests addressed to a "
-                "loopback name (localhost, 127.0.0.1, [::1]); set GATEWAY_ADMIN_KEY to reach it "
-                "by another name.",
-                code="admin_forbidden",
-            )
-            await err.to_response()(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await self._refuse(refusal, scope, receive, send)
+                return
         if scope["type"] == "http" and scope["method"] == "POST" and not self.app.user_middleware:
             path: str = scope["path"]
             root = scope.get("root_path")
@@ -98,43 +91,115 @@ class FastRoutes:
                 return
         await self.app(scope, receive, send)
 
-    def _rebound(self, scope: Scope) -> bool:
-        """Whether a request to what loopback callers may use without a key (the admin API and
-        dashboard, `/metrics`) addresses the gateway by another name than a loopback one.
+    def _refusal(self, scope: Scope) -> GatewayError | None:
+        """Why the gateway refuses a request before reading it, if it does: a name not in
+        GATEWAY_ALLOWED_HOSTS, a cross-site form POST, or a re-pointed name (DNS rebinding)
+        reaching what loopback callers may use without a key."""
+        path: str = scope["path"]
+        host: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value
+                break
+        name = host_name(host) if host is not None else None  # one bounded parse
+        listed = bool(self.allowed_hosts) and self.allowed_hosts.allows(name)
+        if self.allowed_hosts and path not in HEALTH_PATHS and not listed:
+            return GatewayError(
+                403,
+                f"This gateway serves only the host names in {ALLOWED_HOSTS_ENV} (and "
+                "loopback names); add this request's host name there to serve it.",
+                type="permission_error",
+                code="host_not_allowed",
+            )
+        if cross_origin(scope):
+            return GatewayError(
+                403,
+                "Cross-origin requests from web pages are refused: the gateway serves no CORS.",
+                type="permission_error",
+                code="cross_origin_refused",
+            )
+        if host is None or (name is not None and loopback_name(name)):
+            return None  # (HTTP/1.0 without Host: no browser sends that)
+        if self._rebound_admin(path):
+            return GatewayError(
+                403,
+                "Without GATEWAY_ADMIN_KEY the admin API answers only requests addressed to a "
+                "loopback name (localhost, 127.0.0.1, [::1]); set GATEWAY_ADMIN_KEY to reach it "
+                "by another name.",
+                code="admin_forbidden",
+            )
+        if not listed and self._rebound_open_api(scope):
+            return GatewayError(
+                403,
+                "This gateway has no API keys, and a web page sent this request to a host name "
+                "that is not a loopback one: refused as a possible DNS-rebinding attack on the "
+                f"open API. To serve browsers under this name, add it to {ALLOWED_HOSTS_ENV} "
+                "or set GATEWAY_API_KEYS.",
+                type="permission_error",
+                code="rebinding_refused",
+            )
+        return None
+
+    def _rebound_admin(self, path: str) -> bool:
+        """Whether a request under a non-loopback name is to what loopback callers may use
+        without a key (the admin API and dashboard, `/metrics`).
 
         A web page whose host name an attacker re-points to 127.0.0.1 (DNS rebinding) is, to the
         browser, the same origin as the gateway: it may send any request and read the answer
         (list members, create a managed key and read its secret), and it arrives from loopback.
         Its `Host` still names the attacker's domain: that is what tells it apart.
         """
-        path: str = scope["path"]
         if not (path.startswith("/admin") or path == "/metrics"):
             return False
         if os.environ.get("GATEWAY_ADMIN_KEY", "").strip():
             return False  # the key decides, whatever the name
-        if path == "/metrics" and self.app.state.runtime.snapshot.policy.metrics.public:
-            return False
-        for name, value in scope["headers"]:
-            if name == b"host":
-                return not loopback_host(value)
-        return False  # HTTP/1.0 without Host: no browser sends that
+        return not (path == "/metrics" and self.app.state.runtime.snapshot.policy.metrics.public)
 
-    async def _refuse_cross_origin(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """403 in the path's API shape, recorded like any request (one access-log line)."""
+    def _rebound_open_api(self, scope: Scope) -> bool:
+        """Whether a browser's request under a non-loopback name, over loopback, is to an API
+        without client keys (a re-pointed web page would spend the operator's provider credit).
+
+        Only browsers are refused (they send `Origin` or `Sec-Fetch-*`): SDKs, curl and a reverse
+        proxy on this machine forwarding its public `Host` send none of them. A name the
+        operator listed in GATEWAY_ALLOWED_HOSTS is theirs, not an attacker's.
+        """
+        path: str = scope["path"]
+        if not (path == "/v1" or path.startswith("/v1/")):
+            return False
+        snap = self.app.state.runtime.snapshot
+        if not snap.keys.open or snap.policy.governance.require_key:
+            return False
+        if not _over_loopback(scope):
+            return False
+        return any(name in _BROWSER_HEADERS for name, _ in scope["headers"])
+
+    async def _refuse(self, err: GatewayError, scope: Scope, receive: Receive, send: Send) -> None:
+        """`err` in the path's API shape, recorded like any request (one access-log line, one
+        metrics observation)."""
         request = Request(scope, receive)
         ctx = Context(client_request_id(request.headers.get("x-request-id")), time.perf_counter())
         path: str = scope["path"]
-        ctx.endpoint, ctx.status = endpoint_of(path), 403
-        err = GatewayError(
-            403,
-            "Cross-origin requests from web pages are refused: the gateway serves no CORS.",
-            type="permission_error",
-            code="cross_origin_refused",
-        )
+        ctx.endpoint, ctx.status = endpoint_of(path), err.status
         try:
             await shaped(err, path, {"x-request-id": ctx.request_id})(scope, receive, send)
         finally:
             self.pipeline.record(ctx)
+
+
+# Liveness and readiness probes: a load balancer or kubelet names the gateway by its address.
+HEALTH_PATHS = frozenset({"/health", "/ready"})
+# Headers only browsers send (fetch metadata, the page's origin).
+_BROWSER_HEADERS = frozenset({b"origin", b"sec-fetch-site", b"sec-fetch-mode"})
+
+
+def _over_loopback(scope: Scope) -> bool:
+    """Whether the connection is over loopback. The local address first: uvicorn rewrites the
+    client address from X-Forwarded-For sent from 127.0.0.1, which a same-origin page can set."""
+    for key in ("server", "client"):
+        addr = scope.get(key)
+        if addr and loopback_name(str(addr[0]).lower()):
+            return True
+    return False
 
 
 # Body types a browser sends cross-origin without asking first (a "simple" request, no preflight;
@@ -182,18 +247,8 @@ def cross_origin(scope: Scope) -> bool:
 def loopback_host(host: bytes) -> bool:
     """Whether a `Host` value names this machine's loopback: `localhost` (or a name under it),
     127.0.0.0/8 or ::1, with any port."""
-    try:
-        name = urlsplit("//" + host.decode("latin-1").strip()).hostname
-    except ValueError:
-        return False
-    if not name:
-        return False
-    if name == "localhost" or name.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    name = host_name(host)
+    return name is not None and loopback_name(name)
 
 
 def _same_origin(origin: bytes, host: bytes | None) -> bool:
@@ -294,5 +349,6 @@ def build_app() -> FastRoutes:
     path = os.environ.get("GATEWAY_POLICY")
     if not path:
         raise RuntimeError("GATEWAY_POLICY is not set")
+    allowed = AllowedHosts.from_env()  # before anything starts: a bad entry stops here
     policy = load_policy(path)
-    return FastRoutes(create_app(policy, policy_path=path))
+    return FastRoutes(create_app(policy, policy_path=path), allowed)
