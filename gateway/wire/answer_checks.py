@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.redact import MASK as REDACTED
 from gateway.redact import Redactor, has_escapes, public_prefix_len
+from gateway.wire import answer_fields as fields
+from gateway.wire.answer_fields import InvalidAnswer
 from gateway.wire.sse import DONE, event_data, lf_lines
 
 MIB = 1024 * 1024
@@ -46,10 +48,6 @@ class ResponseLimits(BaseModel):
     max_event_bytes: int = Field(
         1 * MIB, ge=1024, le=256 * MIB, description="One server-sent event of a stream."
     )
-
-
-class InvalidAnswer(Exception):
-    """An answer that must not count as a success. The message names no upstream content."""
 
 
 # Endpoint -> (list field, what each item must hold, expected type of that field).
@@ -88,11 +86,14 @@ def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get(member), types):
             raise InvalidAnswer(f"an item of '{field}' has no valid '{member}'")
+        fields.index(item.get("index"))
         if endpoint == "chat":
             _check_finish(item)
             _check_message(item["message"], item.get("finish_reason"))
+            fields.chat_logprobs(item.get("logprobs"))
         elif endpoint == "completions":
             _check_finish(item)
+            fields.completion_logprobs(item.get("logprobs"))
         elif endpoint == "embeddings" and not _numbers(item["embedding"]):
             raise InvalidAnswer("an embedding holds something other than numbers")
     return doc
@@ -247,8 +248,8 @@ def _check_message(msg: dict[str, Any], finish: Any = None) -> None:
         raise InvalidAnswer("a message holds no content")
     _check_text(msg, "content")
     _check_text(msg, "refusal")
-    _check_text(msg, "role")
-    _check_calls(msg)
+    fields.role(msg.get("role"))
+    _check_calls(msg, complete=True)
 
 
 def _check_delta(delta: Any) -> None:
@@ -258,8 +259,8 @@ def _check_delta(delta: Any) -> None:
         raise InvalidAnswer("a chunk's delta is not an object")
     _check_text(delta, "content")
     _check_text(delta, "refusal")
-    _check_text(delta, "role")
-    _check_calls(delta)
+    fields.role(delta.get("role"), delta=True)
+    _check_calls(delta, complete=False)
 
 
 def _check_text(obj: dict[str, Any], key: str) -> None:
@@ -274,7 +275,9 @@ def _check_finish(choice: dict[str, Any]) -> None:
         raise InvalidAnswer("a choice's finish_reason is not a string")
 
 
-def _check_calls(msg: dict[str, Any]) -> None:
+def _check_calls(msg: dict[str, Any], complete: bool) -> None:
+    """Tool calls: a list of objects with string ids and types and a function; in a whole
+    answer (`complete`) each call has all of them (`answer_fields.tool_call`)."""
     calls = msg.get("tool_calls")
     if calls is not None:
         if not isinstance(calls, list):
@@ -288,6 +291,7 @@ def _check_calls(msg: dict[str, Any]) -> None:
             if call.get("index") is not None and not _count(call["index"]):
                 raise InvalidAnswer("a tool call's index is not a number")
             _check_function(call.get("function"))
+            fields.tool_call(call, complete)
     if msg.get("function_call") is not None:
         _check_function(msg["function_call"])
 
@@ -348,6 +352,9 @@ def _check_chunk(endpoint: str, payload: bytes) -> tuple[dict[str, Any], bool]:
         reason = choice.get("finish_reason")
         if reason is not None and type(reason) is not str:
             raise InvalidAnswer("a choice's finish_reason is not a string")
+        logprobs = choice.get("logprobs")
+        if logprobs is not None:
+            (fields.chat_logprobs if chat else fields.completion_logprobs)(logprobs)
         if not chat:
             _check_text(choice, "text")
             continue
@@ -358,7 +365,7 @@ def _check_chunk(endpoint: str, payload: bytes) -> tuple[dict[str, Any], bool]:
             raise InvalidAnswer("a chunk's choice has a delta that is not an object")
         if len(delta) <= 2 and delta.keys() <= _PLAIN_DELTA:
             text, role = delta.get("content"), delta.get("role")
-            if (text is None or type(text) is str) and (role is None or type(role) is str):
+            if (text is None or type(text) is str) and (role is None or role == "assistant"):
                 continue
         if type(delta.get("content")) is list:
             _flatten_delta(delta)

@@ -1,0 +1,319 @@
+"""Every field of a valid upstream answer, in each provider wire the gateway speaks (OpenAI,
+Anthropic, Gemini, Bedrock), replaced by values of the wrong type or size (or removed), unary
+and streamed: what reaches the client is a chat completion of the official OpenAI schema (a
+field missing or null, and the open values of `object` and `finish_reason`, tolerated:
+gateway/wire/answer_fields.py), or a 502 in the API's error shape; never a 500. A stream that
+breaks after its first content ends with an error event instead of `[DONE]`.
+
+A scripted upstream on loopback answers whatever the case holds; the gateway's breaker is
+lenient so that every case reaches the member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fuzz import mutations, schema_problems
+from tests.support import GatewayServer, ThreadedRawServer, environment
+
+
+class Scripted(ThreadedRawServer):
+    """Answers every request (keep-alive) with `answer`: a JSON document, or SSE bytes."""
+
+    answer: Any = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                length = next(
+                    (
+                        int(h.split(":", 1)[1])
+                        for h in head
+                        if h.lower().startswith("content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                if isinstance(self.answer, bytes):
+                    data, kind = self.answer, b"text/event-stream"
+                else:
+                    data, kind = json.dumps(self.answer).encode(), b"application/json"
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+                    % (kind, len(data), data)
+                )
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+# -- valid answers of each wire ----------------------------------------------------------------
+
+OPENAI = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1700000000,
+    "model": "m",
+    "system_fingerprint": "fp",
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "hello",
+                "refusal": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            "logprobs": {
+                "content": [
+                    {
+                        "token": "he",
+                        "logprob": -0.1,
+                        "bytes": [104, 101],
+                        "top_logprobs": [{"token": "he", "logprob": -0.1, "bytes": [104, 101]}],
+                    }
+                ],
+                "refusal": None,
+            },
+            "finish_reason": "tool_calls",
+        }
+    ],
+    "usage": {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    },
+}
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+OPENAI_STREAM = [
+    _chunk({"role": "assistant", "content": ""}),
+    _chunk({"content": "hel"}),
+    _chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": "{}"},
+                }
+            ]
+        }
+    ),
+    _chunk({}, "stop"),
+]
+ANTHROPIC = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "assistant",
+    "model": "claude",
+    "content": [
+        {"type": "text", "text": "hi"},
+        {"type": "tool_use", "id": "tu_1", "name": "f", "input": {"a": 1}},
+    ],
+    "stop_reason": "tool_use",
+    "stop_sequence": None,
+    "usage": {"input_tokens": 3, "output_tokens": 2},
+}
+ANTHROPIC_STREAM = [
+    {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude",
+            "content": [],
+            "usage": {"input_tokens": 3, "output_tokens": 0},
+        },
+    },
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hel"}},
+    {"type": "content_block_stop", "index": 0},
+    {
+        "type": "content_block_start",
+        "index": 1,
+        "content_block": {"type": "tool_use", "id": "tu_1", "name": "f", "input": {}},
+    },
+    {
+        "type": "content_block_delta",
+        "index": 1,
+        "delta": {"type": "input_json_delta", "partial_json": '{"a":1}'},
+    },
+    {"type": "content_block_stop", "index": 1},
+    {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 2}},
+    {"type": "message_stop"},
+]
+GEMINI = {
+    "candidates": [
+        {
+            "content": {
+                "role": "model",
+                "parts": [{"text": "hi"}, {"functionCall": {"name": "f", "args": {"a": 1}}}],
+            },
+            "finishReason": "STOP",
+            "index": 0,
+        }
+    ],
+    "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 2, "totalTokenCount": 5},
+    "modelVersion": "gemini-2.0-flash",
+}
+GEMINI_STREAM = [
+    {"candidates": [{"content": {"role": "model", "parts": [{"text": "hel"}]}, "index": 0}]},
+    {
+        "candidates": [
+            {
+                "content": {
+                    "role": "model",
+                    "parts": [{"functionCall": {"name": "f", "args": {}}}],
+                },
+                "finishReason": "STOP",
+                "index": 0,
+            }
+        ],
+        "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 2},
+    },
+]
+BEDROCK = {
+    "output": {
+        "message": {
+            "role": "assistant",
+            "content": [
+                {"text": "hi"},
+                {"toolUse": {"toolUseId": "t1", "name": "f", "input": {"a": 1}}},
+            ],
+        }
+    },
+    "stopReason": "tool_use",
+    "usage": {"inputTokens": 3, "outputTokens": 2, "totalTokens": 5},
+}
+
+
+def _event_name(event: Any) -> bytes:
+    kind = event.get("type") if isinstance(event, dict) else None
+    return kind.encode()[:40] if isinstance(kind, str) and kind.isidentifier() else b"x"
+
+
+def sse(wire: str, events: list[dict[str, Any]]) -> bytes:
+    if wire == "anthropic":
+        return b"".join(
+            b"event: %s\ndata: %s\n\n" % (_event_name(e), json.dumps(e).encode()) for e in events
+        )
+    tail = b"data: [DONE]\n\n" if wire == "openai" else b""
+    return b"".join(b"data: %s\n\n" % json.dumps(e).encode() for e in events) + tail
+
+
+PROVIDER = {
+    "openai": "",
+    "anthropic": "type: anthropic, api_key_env: FZ_KEY,",
+    "gemini": "type: gemini, api_key_env: FZ_KEY,",
+    "bedrock": "type: bedrock, bedrock: {region: eu-west-1, access_key_id_env: FZ_ID, "
+    "secret_access_key_env: FZ_KEY},",
+}
+UNARY = {"openai": OPENAI, "anthropic": ANTHROPIC, "gemini": GEMINI, "bedrock": BEDROCK}
+# Bedrock streams in AWS's binary event-stream framing: its unary answers only here.
+STREAMED = {"openai": OPENAI_STREAM, "anthropic": ANTHROPIC_STREAM, "gemini": GEMINI_STREAM}
+REQUEST = {
+    "model": "chat",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 5,
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+}
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[Scripted]:
+    with Scripted() as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=sorted(PROVIDER))
+def wire(request: pytest.FixtureRequest, upstream: Scripted) -> Iterator[tuple[str, str]]:
+    """(wire, gateway URL): one gateway per wire, its one member the scripted upstream."""
+    wire = request.param
+    root = f"http://127.0.0.1:{upstream.port}" + ("/v1" if wire == "openai" else "")
+    policy = f"""
+providers:
+  up: {{{PROVIDER[wire]} base_url: '{root}', models: {{'*': m1}},
+        breaker: {{min_requests: 1000000, consecutive_failures: 0, failure_ratio: 1.0}}}}
+pools:
+  main: {{members: [up]}}
+models:
+  chat: {{pool: main, cache: {{exact: {{enabled: false}}}}}}
+retry: {{max_attempts: 1}}
+"""
+    with environment(FZ_KEY="k", FZ_ID="AKIDFUZZ"), GatewayServer(policy) as gw:
+        yield wire, gw.base_url
+
+
+def _problems_unary(r: httpx.Response) -> list[str]:
+    if r.status_code != 200:
+        ok = r.status_code == 502 and isinstance(r.json().get("error"), dict)
+        return [] if ok else [f"status {r.status_code}: {r.text[:200]}"]
+    return schema_problems("CreateChatCompletionResponse", r.json())
+
+
+def _problems_stream(r: httpx.Response) -> list[str]:
+    if r.status_code != 200:
+        ok = r.status_code == 502 and isinstance(r.json().get("error"), dict)
+        return [] if ok else [f"status {r.status_code}: {r.text[:200]}"]
+    data = [line[6:] for line in r.text.split("\n") if line.startswith("data: ")]
+    if not data:
+        return ["an empty stream"]
+    out: list[str] = []
+    for i, event in enumerate(data):
+        if event == "[DONE]":
+            continue
+        doc = json.loads(event)
+        if "error" in doc:  # a stream broken after it committed: its last event
+            if i != len(data) - 1:
+                out.append("events after an error event")
+            continue
+        out += schema_problems("CreateChatCompletionStreamResponse", doc)
+    if data[-1] != "[DONE]" and "error" not in json.loads(data[-1]):
+        out.append("a stream that ends with neither [DONE] nor an error event")
+    return out
+
+
+def test_every_answer_field_mutated_reaches_the_client_valid_or_as_a_502(
+    upstream: Scripted, wire: tuple[str, str]
+) -> None:
+    name, base_url = wire
+    cases: list[tuple[str, Any, Any]] = [
+        ("unary", at, doc) for at, doc in mutations(UNARY[name], per_path=6, seed=1)
+    ]
+    events = STREAMED.get(name, [])
+    for i, event in enumerate(events):
+        for at, doc in mutations(event, per_path=3, seed=i):
+            cases.append(("stream", (i, *at), sse(name, [*events[:i], doc, *events[i + 1 :]])))
+    problems: list[str] = []
+    with httpx.Client(base_url=base_url, timeout=20) as client:
+        for kind, at, answer in cases:
+            upstream.answer = answer
+            r = client.post("/chat/completions", json={**REQUEST, "stream": kind == "stream"})
+            found = _problems_unary(r) if kind == "unary" else _problems_stream(r)
+            problems += [f"{kind} {at}: {p}" for p in found]
+    assert not problems, "\n".join(problems[:20])
