@@ -93,11 +93,18 @@ def test_the_admin_key_decides_whatever_the_name(
     assert _as(gw, EVIL, "GET", "/admin/members").status_code == 401
 
 
-def test_the_api_is_served_under_any_name(gw: GatewayServer) -> None:
-    assert _as(gw, EVIL, "GET", "/v1/models").status_code == 200
+def test_the_api_is_served_under_any_name_to_clients_that_are_not_browsers(
+    gw: GatewayServer,
+) -> None:
+    """A reverse proxy or an SDK names any host; a browser page under a re-pointed name is
+    refused on the open API too (tests/http/test_security_border_4_rebinding_open.py)."""
+    headers = {"host": f"{EVIL}:{gw.port}"}
+    assert httpx.get(gw.url + "/v1/models", headers=headers).status_code == 200
     assert _as(gw, EVIL, "GET", "/health").status_code == 200
     chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    assert _as(gw, EVIL, "POST", "/v1/chat/completions", json=chat).status_code == 200
+    r = httpx.post(gw.url + "/v1/chat/completions", headers=headers, json=chat)
+    assert r.status_code == 200
+    assert _as(gw, EVIL, "GET", "/v1/models").status_code == 403
 
 
 def test_public_metrics_are_served_under_any_name(fleet: Any) -> None:
