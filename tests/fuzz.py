@@ -4,10 +4,14 @@ removed. Seeded, so a failing case is the same on every run."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
 import random
 from collections.abc import Iterator
 from typing import Any
+
+from tests.support import ThreadedRawServer, _validator
 
 Path = tuple[str | int, ...]
 
@@ -104,10 +108,127 @@ def _tolerated(error: Any) -> bool:
 
 def schema_problems(schema: str, instance: Any) -> list[str]:
     """Where `instance` breaks the official OpenAI schema `schema`, beyond what is tolerated."""
-    from tests.support import _validator
-
     return [
         f"{'/'.join(map(str, e.absolute_path))}: {e.message[:120]}"
         for e in _validator(schema).iter_errors(instance)
         if not _tolerated(e)
     ]
+
+
+# -- a scripted upstream and valid OpenAI-wire answers to mutate ------------------------------
+
+
+class Scripted(ThreadedRawServer):
+    """Answers every request (keep-alive) with `answer`: a JSON document, or SSE bytes."""
+
+    answer: Any = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                length = next(
+                    (
+                        int(h.split(":", 1)[1])
+                        for h in head
+                        if h.lower().startswith("content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                if isinstance(self.answer, bytes):
+                    data, kind = self.answer, b"text/event-stream"
+                else:
+                    data, kind = json.dumps(self.answer).encode(), b"application/json"
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+                    % (kind, len(data), data)
+                )
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+OPENAI = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1700000000,
+    "model": "m",
+    "system_fingerprint": "fp",
+    "choices": [
+        {
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": "hello",
+                "refusal": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            "logprobs": {
+                "content": [
+                    {
+                        "token": "he",
+                        "logprob": -0.1,
+                        "bytes": [104, 101],
+                        "top_logprobs": [{"token": "he", "logprob": -0.1, "bytes": [104, 101]}],
+                    }
+                ],
+                "refusal": None,
+            },
+            "finish_reason": "tool_calls",
+        }
+    ],
+    "usage": {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    },
+}
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+OPENAI_STREAM = [
+    _chunk({"role": "assistant", "content": ""}),
+    _chunk({"content": "hel"}),
+    _chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": "{}"},
+                }
+            ]
+        }
+    ),
+    _chunk({}, "stop"),
+]
+
+
+def _event_name(event: Any) -> bytes:
+    kind = event.get("type") if isinstance(event, dict) else None
+    return kind.encode()[:40] if isinstance(kind, str) and kind.isidentifier() else b"x"
+
+
+def sse(wire: str, events: list[dict[str, Any]]) -> bytes:
+    if wire == "anthropic":
+        return b"".join(
+            b"event: %s\ndata: %s\n\n" % (_event_name(e), json.dumps(e).encode()) for e in events
+        )
+    tail = b"data: [DONE]\n\n" if wire == "openai" else b""
+    return b"".join(b"data: %s\n\n" % json.dumps(e).encode() for e in events) + tail

@@ -45,6 +45,10 @@ ERROR_TYPES = {
     # The client went away: nothing is sent, but the log and metrics must say 499, not 400.
     499: "invalid_request_error",
     500: "api_error",
+    # Upstream failures keep the gateway's own status (a 500 would say the gateway itself
+    # broke); Anthropic's SDKs read every 5xx as a server error and retry it alike.
+    502: "api_error",
+    504: "api_error",
     529: "overloaded_error",
 }
 STOP_REASONS = {
