@@ -14,6 +14,7 @@ not ASCII (UTF-8 check) or that carry a secret.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -74,7 +75,8 @@ def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
         raise InvalidAnswer("the answer is not a JSON object")
     if doc.get("error"):
         raise InvalidAnswer("the answer is an error object")
-    _check_meta(doc)
+    if _check_meta(doc):  # relayed as received: a float must have been made an int before
+        raise InvalidAnswer("the answer's created is not an integer")
     _check_usage(doc.get("usage"))
     shape = _SHAPES.get(endpoint)
     if shape is None:
@@ -94,21 +96,27 @@ def check_unary(endpoint: str, body: bytes) -> dict[str, Any]:
         elif endpoint == "completions":
             _check_finish(item)
             fields.completion_logprobs(item.get("logprobs"))
-        elif endpoint == "embeddings" and not _numbers(item["embedding"]):
-            raise InvalidAnswer("an embedding holds something other than numbers")
+        elif endpoint == "embeddings":
+            fields.text(item, "object")
+            # A boolean is a number to `sum`: the exact check runs only when the body holds
+            # a JSON boolean at all (an embeddings answer has no free text to hold the word).
+            exact = b"true" in body or b"false" in body
+            if not _numbers(item["embedding"], exact):
+                raise InvalidAnswer("an embedding holds something other than numbers")
     return doc
 
 
-def _numbers(embedding: list[Any] | str) -> bool:
-    """A float embedding holds numbers only (base64 ones are a string, checked by type).
-    `sum` is the cheapest full check: 4 us per 1,536 floats, and a TypeError on anything else."""
+def _numbers(embedding: list[Any] | str, exact: bool = False) -> bool:
+    """A float embedding holds numbers only; a base64 one is the bytes of float32 values.
+    `sum` is the cheapest full check: 4 us per 1,536 floats, and a TypeError on anything else
+    but booleans, which `exact` looks for item by item."""
     if isinstance(embedding, str):
-        return True
+        return fields.base64_floats(embedding)
     try:
         sum(embedding)
     except TypeError:
         return False
-    return True
+    return not exact or all(type(x) is float or type(x) is int for x in embedding)
 
 
 # An answer's (or chunk's) identity: what every SDK parses into typed fields (`id: str`,
@@ -117,14 +125,56 @@ def _numbers(embedding: list[Any] | str) -> bool:
 _META_TEXTS = ("id", "model", "object", "system_fingerprint")
 
 
-def _check_meta(doc: dict[str, Any]) -> None:
+def _check_meta(doc: dict[str, Any]) -> bool:
+    """Raises InvalidAnswer for an identity of the wrong types; True when `created` was a
+    float and is now its whole seconds (the chunk must then be relayed re-encoded)."""
     for key in _META_TEXTS:
         value = doc.get(key)
         if value is not None and type(value) is not str:
             raise InvalidAnswer(f"the answer's {key} is not a string")
     created = doc.get("created")
-    if created is not None and (type(created) is not int or not 0 <= created < MAX_TOKENS):
+    if created is None or (type(created) is int and 0 <= created < MAX_CREATED):
+        return False
+    if type(created) is float:  # `1733500000.0` (some OpenAI-compatible servers)
+        doc["created"] = created = _whole_seconds(created)
+        return True
+    raise InvalidAnswer("the answer's created is not a timestamp")
+
+
+# The end of year 9999: a later timestamp is a broken or hostile provider.
+MAX_CREATED = 253402300800
+
+
+def _whole_seconds(created: float) -> int:
+    """A float timestamp floored to the integer the API promises; raises InvalidAnswer when it
+    is not a finite time from 1970 to year 9999 (NaN fails both comparisons)."""
+    if not 0 <= created < MAX_CREATED:
         raise InvalidAnswer("the answer's created is not a timestamp")
+    return math.floor(created)
+
+
+# `"created": <a number with a fraction or exponent>` somewhere in a body (a false hit inside a
+# string costs one parse).
+_FLOAT_CREATED = re.compile(rb'"created"\s*:\s*-?[0-9]*[.eE]')
+
+
+def int_created(body: bytes) -> bytes:
+    """A unary answer whose top-level `created` is a float, with it floored to an int (the
+    body is relayed as received, so it is rewritten here); any other body as it is. A float
+    out of range stays, for `check_unary` to refuse."""
+    if _FLOAT_CREATED.search(body) is None:
+        return body
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if type(doc) is not dict or type(doc.get("created")) is not float:
+        return body
+    try:
+        doc["created"] = _whole_seconds(doc["created"])
+    except InvalidAnswer:
+        return body
+    return orjson.dumps(doc)
 
 
 # A token count no real answer reaches: larger (or negative) ones are a broken or hostile
@@ -210,7 +260,8 @@ def flatten_parts(parts: list[Any]) -> str | None:
 def flatten_content(endpoint: str, body: bytes) -> bytes:
     """A unary chat answer whose messages' `content` is a part list, with each list replaced
     by its text (`flatten_parts`); any other body as it is. A list that is not valid content
-    stays a list, for `check_unary` to refuse."""
+    stays a list, for `check_unary` to refuse. A float `created` becomes an int (`int_created`)."""
+    body = int_created(body)
     if endpoint != "chat" or _CONTENT_LIST.search(body) is None:
         return body
     try:
@@ -330,19 +381,18 @@ def _check_chunk(endpoint: str, payload: bytes) -> tuple[dict[str, Any], bool]:
     err = doc.get("error")
     if err is not None and err is not False:
         raise InvalidAnswer("the provider sent an error event")
-    _check_meta(doc)
+    changed = _check_meta(doc)  # a float `created` made an int: re-encoded
     usage = doc.get("usage")
     if usage is not None:
         _check_usage(usage)
     if endpoint != "chat" and endpoint != "completions":
-        return doc, False
+        return doc, changed
     choices = doc.get("choices")
     if type(choices) is not list:
         if choices is None and type(usage) is dict:
-            return doc, False  # a usage-only chunk
+            return doc, changed  # a usage-only chunk
         raise InvalidAnswer("a chunk has no 'choices' array")
     chat = endpoint == "chat"
-    changed = False
     for choice in choices:
         if type(choice) is not dict:
             raise InvalidAnswer("a chunk's choice is not an object")
@@ -751,9 +801,12 @@ class StreamCheck:
         self._redact = redact if redact else None
         self._secrets: tuple[bytes, ...] = redact.secret_bytes if redact is not None else ()
         # A secret's first and last bytes: an event holding either may hold the secret, or
-        # the part of it a stream cut between two events (masked by `Redactor.fragments`).
-        self._edges = redact.edge_bytes if redact is not None else ()
-        texts = redact.secret_texts if redact is not None else ()
+        # the part of it a stream cut between two events (masked by `Redactor.fragments`);
+        # and its base64 spellings, whole (cut ones are in texts: the text guard's).
+        self._edges = (*redact.edge_bytes, *redact.encoded_bytes) if redact is not None else ()
+        # The text guard looks for the same spellings as a unary answer's redaction: plain,
+        # URL-quoted and base64 (standard and URL-safe, each alignment).
+        texts = (*redact.secret_texts, *redact.encoded_texts) if redact is not None else ()
         self._guard = TextGuard(texts) if texts and endpoint in ("chat", "completions") else None
         self._size = 0
         self.chunks = 0  # JSON chunks seen: a stream of `[DONE]` alone answered nothing
@@ -899,15 +952,16 @@ class StreamCheck:
 
     def _redacted(self, ev: bytes, data: bytes) -> bytes:
         """The event with every secret, escaped secret and cut-off part of one masked."""
-        assert self._redact is not None
+        redact = self._redact
+        assert redact is not None
         if has_escapes(data):
             plain = orjson.dumps(orjson.loads(data))
-            masked = self._redact.fragments(self._redact.bytes(plain))
+            masked = redact.encoded(redact.fragments(redact.bytes(plain)))
             if masked != plain:
                 return b"data: " + masked + b"\n\n"
         for edge in self._edges:  # a secret holds its edges: no edge, no secret (nor part)
             if edge in ev:
-                return self._redact.fragments(self._redact.bytes(ev))
+                return redact.encoded(redact.fragments(redact.bytes(ev)))
         return ev
 
     def _utf8(self, ev: bytes) -> bytes:

@@ -11,6 +11,7 @@ still reads the answer. Each function raises InvalidAnswer, the caller's attempt
 
 from __future__ import annotations
 
+import binascii
 from typing import Any
 
 
@@ -116,3 +117,20 @@ def tool_call(call: dict[str, Any], complete: bool) -> None:
         raise InvalidAnswer("a tool call has no function name")
     if type(fn.get("arguments")) is not str:
         raise InvalidAnswer("a tool call has no arguments")
+
+
+def text(obj: dict[str, Any], key: str) -> None:
+    """A field the API types as a string: absent, null or a string."""
+    value = obj.get(key)
+    if value is not None and type(value) is not str:
+        raise InvalidAnswer(f"an answer's {key} is not a string")
+
+
+def base64_floats(value: str) -> bool:
+    """Whether a base64 embedding decodes to float32 values (a whole number of 4-byte floats,
+    at least one)."""
+    try:
+        raw = binascii.a2b_base64(value, strict_mode=True)
+    except (binascii.Error, ValueError):
+        return False
+    return len(raw) > 0 and len(raw) % 4 == 0

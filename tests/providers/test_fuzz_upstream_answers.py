@@ -201,3 +201,66 @@ def test_every_answer_field_mutated_reaches_the_client_valid_or_as_a_502(
             found = _problems_unary(r) if kind == "unary" else _problems_stream(r)
             problems += [f"{kind} {at}: {p}" for p in found]
     assert not problems, "\n".join(problems[:20])
+
+
+COMPLETION = {
+    "id": "cmpl-1",
+    "object": "text_completion",
+    "created": 1700000000,
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "text": "hello",
+            "logprobs": {
+                "tokens": ["he"],
+                "token_logprobs": [-0.1],
+                "top_logprobs": [{"he": -0.1}],
+                "text_offset": [0],
+            },
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+}
+EMBEDDINGS = {
+    "object": "list",
+    "model": "m",
+    "data": [
+        {"object": "embedding", "index": 0, "embedding": [0.1, 0.2]},
+        {"object": "embedding", "index": 1, "embedding": [0.3, 0.4]},
+    ],
+    "usage": {"prompt_tokens": 2, "total_tokens": 2},
+}
+OTHER_ENDPOINTS = {
+    "completions": (COMPLETION, "CreateCompletionResponse", {"prompt": "hi", "logprobs": 1}),
+    "embeddings": (EMBEDDINGS, "CreateEmbeddingResponse", {"input": ["a", "b"]}),
+}
+
+
+@pytest.mark.parametrize("endpoint", sorted(OTHER_ENDPOINTS))
+def test_completions_and_embeddings_answers_mutated_reach_the_client_valid_or_as_a_502(
+    upstream: Scripted, endpoint: str
+) -> None:
+    answer, schema, request = OTHER_ENDPOINTS[endpoint]
+    policy = f"""
+providers:
+  up: {{base_url: 'http://127.0.0.1:{upstream.port}/v1',
+        breaker: {{min_requests: 1000000, consecutive_failures: 0, failure_ratio: 1.0}}}}
+pools:
+  main: {{members: [up]}}
+models:
+  chat: {{pool: main, cache: {{exact: {{enabled: false}}}}}}
+retry: {{max_attempts: 1}}
+"""
+    problems: list[str] = []
+    with GatewayServer(policy) as gw, httpx.Client(base_url=gw.base_url, timeout=20) as client:
+        for at, doc in mutations(answer, per_path=8, seed=3):
+            upstream.answer = doc
+            r = client.post(f"/{endpoint}", json={"model": "chat", **request})
+            if r.status_code != 200:
+                if r.status_code != 502:
+                    problems.append(f"{at}: status {r.status_code}")
+                continue
+            problems += [f"{at}: {p}" for p in schema_problems(schema, r.json())]
+    assert not problems, "\n".join(problems[:20])

@@ -25,7 +25,8 @@ def test_unary_shapes_per_endpoint() -> None:
     assert check_unary("chat", CHAT)["id"] == "c"
     assert check_unary("completions", b'{"choices":[{"text":"x"}]}')
     assert check_unary("embeddings", b'{"data":[{"embedding":[0.1]}]}')
-    assert check_unary("embeddings", b'{"data":[{"embedding":"AAAA"}]}')  # base64
+    # base64: the bytes of float32 values (here one 0.0)
+    assert check_unary("embeddings", b'{"data":[{"embedding":"AAAAAA=="}]}')
     for endpoint, body in [
         ("chat", b"<html>"),
         ("chat", CHAT[:-5]),
@@ -35,6 +36,11 @@ def test_unary_shapes_per_endpoint() -> None:
         ("chat", b'{"error": {"message": "x"}}'),
         ("completions", b'{"choices":[{"message":{}}]}'),
         ("embeddings", b'{"data":[{"index":0}]}'),
+        ("embeddings", b'{"data":[{"embedding":"AAAA"}]}'),  # 3 bytes: no float32 values
+        ("embeddings", b'{"data":[{"embedding":""}]}'),
+        ("embeddings", b'{"data":[{"embedding":"not base64!"}]}'),
+        ("embeddings", b'{"data":[{"embedding":[0.1, true]}]}'),
+        ("embeddings", b'{"data":[{"embedding":[0.1], "object": 7}]}'),
     ]:
         with pytest.raises(InvalidAnswer):
             check_unary(endpoint, body)
