@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -140,5 +141,75 @@ def test_every_field_mutated_is_answered_in_the_api_shape(
                     problems.append(f"{at}: {r.status_code} {why}")
     assert not problems, "\n".join(problems[:20])
     # One access-log line per request, however it ended (written just after the last byte).
+    poll(lambda: len(access.lines) - before >= sent)
+    assert len(access.lines) - before == sent
+
+
+# Every request header the gateway reads, and some it should only pass by.
+HEADERS = [
+    "x-gateway-cache-namespace",
+    "x-gateway-priority",
+    "x-gateway-cache-ttl",
+    "x-gateway-timeout",
+    "x-stainless-timeout",
+    "x-stainless-read-timeout",
+    "x-request-id",
+    "cache-control",
+    "pragma",
+    "traceparent",
+    "tracestate",
+    "authorization",
+    "x-api-key",
+    "content-type",
+    "accept",
+    "accept-encoding",
+    "content-encoding",
+    "anthropic-version",
+    "anthropic-beta",
+    "idempotency-key",
+]
+HEADER_VALUES = [
+    "",
+    "0",
+    "-1",
+    "1e309",
+    "nan",
+    "999999999999999999999999",
+    "x" * 8000,
+    "a,b,c",
+    "max-age=99999999999999999999",
+    "no-cache, no-store",
+    "Bearer " + "x" * 5000,
+    "Basic Zm9vOmJhcg==",
+    "00-zz-zz-zz",
+    "gzip",
+    "br",
+    "application/json; charset=latin-1",
+    "text/plain",
+    "\xe9",
+    "\x7f",
+    "-0",
+]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_every_header_with_odd_values_is_answered_in_the_api_shape(
+    gw: GatewayServer, access: AccessLines, path: str
+) -> None:
+    body = json.dumps({**BODIES[path], "stream": path == "/v1/messages"}).encode()
+    sent, problems = 0, []
+    before = len(access.lines)
+    rng = random.Random(path)
+    with httpx.Client(base_url=gw.url, timeout=20) as client:
+        for name in HEADERS:
+            for value in rng.sample(HEADER_VALUES, 6):
+                headers = {"content-type": "application/json", name: value.encode("latin-1")}
+                r = client.post(path, content=body, headers=headers)
+                sent += 1
+                if r.status_code >= 500 and r.status_code not in (502, 503, 504):
+                    problems.append(f"{name}={value[:20]!r}: {r.status_code} {r.text[:200]}")
+                elif r.status_code >= 400 and (why := error_shape(path, r)) is not None:
+                    problems.append(f"{name}={value[:20]!r}: {r.status_code} {why}")
+    assert not problems, "\n".join(problems[:20])
     poll(lambda: len(access.lines) - before >= sent)
     assert len(access.lines) - before == sent
