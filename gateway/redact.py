@@ -52,8 +52,9 @@ class Redactor:
         self._edges = tuple(edges(b) for b in self._bytes)
         self._flat_edges = tuple(e for pair in self._edges for e in pair)
         # An upstream may quote a key base64-encoded (an echoed `Basic` credential, a
-        # decoded-then-re-encoded header): masked in error messages (`text`) and whole unary
-        # answers (`json`); stream events, checked one by one, look for the plain forms only.
+        # decoded-then-re-encoded header): masked in error messages (`text`), whole unary
+        # answers (`json`) and stream events (`encoded`, and the stream's text guard, which
+        # finds them cut between events like the plain forms).
         self._encoded = tuple(sorted({c for s in given for c in base64_cores(s)}, key=len)[::-1])
         self._encoded_bytes = tuple(c.encode() for c in self._encoded)
 
@@ -69,6 +70,15 @@ class Redactor:
         return self._texts
 
     @property
+    def encoded_texts(self) -> tuple[str, ...]:
+        """Every secret's base64 spellings (`base64_cores`), longest first."""
+        return self._encoded
+
+    @property
+    def encoded_bytes(self) -> tuple[bytes, ...]:
+        return self._encoded_bytes
+
+    @property
     def edge_bytes(self) -> tuple[bytes, ...]:
         """Every secret's `edges`: an event holding none of them holds no secret nor part."""
         return self._flat_edges
@@ -78,6 +88,13 @@ class Redactor:
 
     def bytes(self, data: bytes) -> bytes:
         for s in self._bytes:
+            if s in data:
+                data = data.replace(s, _MASK_B)
+        return data
+
+    def encoded(self, data: bytes) -> bytes:
+        """`data` with every secret's base64 spellings masked."""
+        for s in self._encoded_bytes:
             if s in data:
                 data = data.replace(s, _MASK_B)
         return data
@@ -98,10 +115,7 @@ class Redactor:
         value: the body is then read as the decoded text). Where anything was masked, the
         answer's `logprobs` go too: their tokens spell the same text in pieces."""
         plain = orjson.dumps(doc) if has_escapes(body) else body
-        masked = self.fragments(self.bytes(plain))
-        for s in self._encoded_bytes:
-            if s in masked:
-                masked = masked.replace(s, _MASK_B)
+        masked = self.encoded(self.fragments(self.bytes(plain)))
         if masked == plain:
             return body
         if b'"logprobs"' in masked:
