@@ -6,6 +6,10 @@ request. A member whose breaker waits for a half-open probe is tried first: its 
 still carries the outage's penalty, so the balancer alone would leave it unprobed (and half-open)
 for a long time. When every untried member is merely full, the request waits in the first pool's
 bounded queue (admission control) and is shed when the wait runs out.
+
+With a deadline (gateway.pipeline.deadline) no member is handed out, and no queue wait lasts,
+when less than `MIN_ATTEMPT_S` of it is left: the iteration ends with `expired` set, and the
+caller answers 504 (DeadlineExceeded) instead of the usual exhausted or shed error.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import time
 from gateway.context import Context
 from gateway.errors import GatewayError
 from gateway.pipeline.attempt import Attempt
+from gateway.pipeline.deadline import Deadline
 from gateway.pipeline.router import Router
 from gateway.resilience.admission import Admission
+from gateway.resilience.retry import MIN_ATTEMPT_S
 from gateway.routing.decision import Decision
 from gateway.runtime import ProviderState, Snapshot
 
@@ -38,12 +44,21 @@ class Candidates:
     """Async iterator of members to try for one request."""
 
     def __init__(
-        self, router: Router, admission: Admission, snap: Snapshot, decision: Decision, ctx: Context
+        self,
+        router: Router,
+        admission: Admission,
+        snap: Snapshot,
+        decision: Decision,
+        ctx: Context,
+        deadline: Deadline | None = None,
     ) -> None:
         self.router, self.admission, self.snap, self.ctx = router, admission, snap, ctx
         self.chain, self.key = decision.chain, decision.prefix_key
         self.tried: set[str] = set()
         self.per_pool: dict[str, int] = {}
+        # Cleared once a stream committed: a resume after that is not bound by it.
+        self.deadline = deadline
+        self.expired = False  # the iteration ended because the deadline ran out
 
     def attempt(self, member: ProviderState) -> Attempt:
         """The scoped attempt on a member this iterator returned."""
@@ -53,6 +68,9 @@ class Candidates:
         return self
 
     async def __anext__(self) -> ProviderState:
+        if self.deadline is not None and self.deadline.left_s() < MIN_ATTEMPT_S:
+            self.expired = True
+            raise StopAsyncIteration
         member = self._pick_now() or self._early_probe()
         if member is not None:
             return member
@@ -163,6 +181,8 @@ class Candidates:
         settings = self.snap.policy.pools[pool].queue
         start = time.monotonic()
         deadline = start + settings.max_wait_s
+        if self.deadline is not None:  # the request's ends the wait when it comes first
+            deadline = min(deadline, self.deadline.at - MIN_ATTEMPT_S)
         while await self.admission.wait(pool, settings, deadline):
             member = self._pick_now()
             if member is not None:
@@ -170,5 +190,9 @@ class Candidates:
                 return member
             if not self._full_members_left():
                 raise StopAsyncIteration
-        self.admission.record(pool, time.monotonic() - start, admitted=False)
+        now = time.monotonic()
+        self.admission.record(pool, now - start, admitted=False)
+        if self.deadline is not None and now >= self.deadline.at - MIN_ATTEMPT_S:
+            self.expired = True
+            raise StopAsyncIteration
         raise Shed(pool, settings.retry_after_s)

@@ -4,7 +4,8 @@ The dispatcher owns the loop (it picks a *different* member for each attempt); t
 answers two questions, so that the policy is in one place and testable without any I/O:
 
 * :func:`backoff_s` - exponential backoff with full jitter (tenacity's ``wait_random_exponential``).
-* :class:`Retrier` - attempt limit + failure taxonomy + retry budget + Retry-After.
+* :class:`Retrier` - attempt limit + failure taxonomy + retry budget + Retry-After, and whether a
+  wait still fits in what is left of the request's deadline.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from gateway.resilience.failures import FailureKind, is_retryable
 
 if TYPE_CHECKING:
     from tenacity import RetryCallState
+
+# As an attempt's own limits (policy Timeouts): a day at most.
+MAX_DEADLINE_S = 86_400.0
+# Less than this left of a deadline is not worth a new attempt (nor a wait before one).
+MIN_ATTEMPT_S = 0.01
 
 
 class RetrySettings(BaseModel):
@@ -44,6 +50,17 @@ class RetrySettings(BaseModel):
         default=5000.0,
         ge=0,
         description="A Retry-After longer than this is not waited for inside a request.",
+    )
+
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_DEADLINE_S,
+        allow_inf_nan=False,
+        description="Longest a request may wait for its answer to start: attempts, backoff "
+        "waits, queue waits and hedges together (504 deadline_exceeded when it runs out). "
+        "Clients may shorten it (x-gateway-timeout, x-stainless-timeout). Null: no limit but "
+        "the attempts' own.",
     )
 
     @model_validator(mode="after")
@@ -98,18 +115,24 @@ class Retrier:
             return False
         return self.budget.try_spend()
 
-    def delay_s(self, attempt: int, retry_after_s: float | None = None) -> float | None:
+    def delay_s(
+        self, attempt: int, retry_after_s: float | None = None, left_s: float | None = None
+    ) -> float | None:
         """Seconds to wait before the next attempt, or None when waiting is not worth it.
 
         Pass ``retry_after_s`` only when the next attempt goes to the member that sent it (or
         when every candidate is cooling down): another member's rate limit does not apply. A
         Retry-After beyond ``max_retry_after_ms`` returns None: the caller should give up on
-        that member (its breaker cool-down covers it) rather than hold the request.
+        that member (its breaker cool-down covers it) rather than hold the request. So does a
+        wait that would not leave ``MIN_ATTEMPT_S`` of ``left_s`` (what is left of the
+        request's deadline) for the attempt after it: the request ends now, not at its deadline.
         """
         s = self.settings
         wait = backoff_s(attempt, s.base_backoff_ms / 1000.0, s.max_backoff_ms / 1000.0)
-        if retry_after_s is None:
-            return wait
-        if retry_after_s * 1000.0 > s.max_retry_after_ms:
+        if retry_after_s is not None:
+            if retry_after_s * 1000.0 > s.max_retry_after_ms:
+                return None
+            wait = max(wait, retry_after_s)
+        if left_s is not None and wait + MIN_ATTEMPT_S > left_s:
             return None
-        return max(wait, retry_after_s)
+        return wait

@@ -4,6 +4,13 @@ A retry happens only while nothing has reached the client (for streams: until th
 chunk arrived), only for retryable failures, within the retry budget, after a jittered backoff.
 Each member tried is a scoped `Attempt`; the provider's adapter does the talking (`send`,
 `open_stream`), whatever the provider's wire format.
+
+The request's deadline (gateway.pipeline.deadline), when it has one, bounds all of it until the
+answer starts: each attempt runs under what is left of it (one cut short is settled as outrun,
+like a hedge's loser, and the request answers 504 DeadlineExceeded), a backoff wait that would
+not leave time for another attempt is not started (the request ends with the last failure, as
+when its retries are used up), and queue waits and hedges stop at it. A stream is bound only
+until it opened (its first chunk): from then on its own idle_s/total_s apply, resumes included.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from gateway.pipeline.client_errors import (
     exhausted,
     passthrough_error,
 )
+from gateway.pipeline.deadline import Deadline, request_deadline
+from gateway.pipeline.deadline_exceeded import DeadlineExceeded
 from gateway.pipeline.relay import RelayResponse, StreamRelay
 from gateway.pipeline.router import Router
 from gateway.pipeline.stage import Next
@@ -35,7 +44,7 @@ from gateway.resilience.admission import Admission
 from gateway.resilience.budget import RetryBudget
 from gateway.resilience.failures import failure_kind
 from gateway.resilience.hedge import HedgeTracker
-from gateway.resilience.retry import Retrier, RetrySettings
+from gateway.resilience.retry import MIN_ATTEMPT_S, Retrier, RetrySettings
 from gateway.routing.decision import Decision
 from gateway.routing.member import latency_signal
 from gateway.runtime import ProviderState, Snapshot
@@ -52,14 +61,18 @@ T = TypeVar("T")
 Send = Callable[[ProviderState], Awaitable[T]]
 
 
-async def _try(send: Send[T], attempt: Attempt) -> T:
+async def _try(send: Send[T], attempt: Attempt, limit: asyncio.Timeout | None = None) -> T:
     """One attempt in its scope: a failure settles it; an answer leaves it open for the winner.
 
-    (`async with attempt` spelled out: two coroutines fewer on the hot path.)
+    (`async with attempt` spelled out: two coroutines fewer on the hot path.) Cut short by the
+    request's deadline (`limit`), it is settled as outrun: slower than the request could wait,
+    which raises the member's latency estimate without counting as the member's failure.
     """
     try:
         result = await send(attempt.member)
     except BaseException as e:
+        if limit is not None and isinstance(e, asyncio.CancelledError) and limit.expired():
+            attempt.outrun(attempt.elapsed_s)
         out = attempt.exit(e)
         if out is e:
             raise
@@ -95,11 +108,14 @@ class Failover:
         self._reapers: set[asyncio.Task[None]] = set()
 
     async def __call__(self, call: Call, next: Next | None = None) -> Response:
-        ctx, acc = call.ctx, call.sent
+        ctx, acc, snap = call.ctx, call.sent, call.snap
+        deadline = request_deadline(snap.policy.retry.deadline_s, call.headers, ctx)
         with stage(ctx, "route"):
             if acc.stream:
-                return await self.stream(call.snap, acc, call.decision, ctx, call.want_completion)
-            body, headers = await self.unary(call.snap, acc, call.decision, ctx)
+                return await self.stream(
+                    snap, acc, call.decision, ctx, call.want_completion, deadline
+                )
+            body, headers = await self.unary(snap, acc, call.decision, ctx, deadline)
         return Response(body, headers={**headers, **ctx.headers()}, media_type=JSON)
 
     def retrier(self, snap: Snapshot) -> Retrier:
@@ -119,13 +135,20 @@ class Failover:
             1, self.admission.shares.count
         )
 
-    def candidates(self, snap: Snapshot, decision: Decision, ctx: Context) -> Candidates:
-        return Candidates(self.router, self.admission, snap, decision, ctx)
+    def candidates(
+        self, snap: Snapshot, decision: Decision, ctx: Context, deadline: Deadline | None = None
+    ) -> Candidates:
+        return Candidates(self.router, self.admission, snap, decision, ctx, deadline)
 
     # -- unary ----------------------------------------------------------------------------------
 
     async def unary(
-        self, snap: Snapshot, acc: ParsedRequest, decision: Decision, ctx: Context
+        self,
+        snap: Snapshot,
+        acc: ParsedRequest,
+        decision: Decision,
+        ctx: Context,
+        deadline: Deadline | None = None,
     ) -> tuple[bytes, dict[str, str]]:
         """The first successful answer's body and headers; raises GatewayError or PassThrough."""
         self.retrier(snap).record_request()
@@ -156,7 +179,7 @@ class Failover:
                 resp.body = rename(resp.body)
             return resp, doc
 
-        candidates = self.candidates(snap, decision, ctx)
+        candidates = self.candidates(snap, decision, ctx, deadline)
         (resp, doc), attempt = await self._first_success(snap, candidates, ctx, send)
         signal = snap.pools[ctx.pool].config.latency_signal
         out = completion_tokens(doc) if signal == "per_token" else None
@@ -175,12 +198,14 @@ class Failover:
         decision: Decision,
         ctx: Context,
         keep_completion: bool = False,
+        deadline: Deadline | None = None,
     ) -> RelayResponse:
         self.retrier(snap).record_request()
-        candidates = self.candidates(snap, decision, ctx)
+        candidates = self.candidates(snap, decision, ctx, deadline)
         stream, attempt = await self.open_stream(
             snap, acc.body, decision.alias_name, acc.endpoint, candidates, ctx
         )
+        candidates.deadline = None  # committed: the stream's own limits apply from here
         headers = {**stream.headers, **ctx.headers()}
         headers.pop("content-type", None)
         relay = StreamRelay(self, snap, acc, decision, ctx, candidates, keep_completion)
@@ -212,7 +237,9 @@ class Failover:
 
     # -- trying members -------------------------------------------------------------------------
 
-    async def _next_attempt(self, retrier: Retrier, attempt: int, f: UpstreamFailure) -> bool:
+    async def _next_attempt(
+        self, retrier: Retrier, attempt: int, f: UpstreamFailure, deadline: Deadline | None
+    ) -> bool:
         """After a failed attempt: may we try again? Sleeps the backoff when yes."""
         if f.kind == "unsupported":
             # Nothing was sent (the member's type cannot express the request): the next member
@@ -221,7 +248,10 @@ class Failover:
             return attempt < retrier.settings.max_attempts
         if not retrier.should_retry(attempt, failure_kind(f.kind), bytes_sent_to_client=False):
             return False
-        delay = retrier.delay_s(attempt)
+        delay = retrier.delay_s(attempt, left_s=None if deadline is None else deadline.left_s())
+        if delay is None:  # the wait would leave the deadline no time for another attempt
+            self.budget.refund()
+            return False
         if delay:
             await asyncio.sleep(delay)
         return True
@@ -236,6 +266,7 @@ class Failover:
         so. In a pool that hedges, the first attempt may race a second one (see `_race`).
         """
         retrier = self.retrier(snap)
+        deadline = candidates.deadline
         last: UpstreamFailure | None = None
         number = 0
         unsent = 0  # members that could not express the request: nothing was sent to them
@@ -255,10 +286,17 @@ class Failover:
                 else:
                     attempt = candidates.attempt(member)
                     try:
-                        result = await _try(send, attempt)
+                        if deadline is None:
+                            result = await _try(send, attempt)
+                        else:
+                            async with asyncio.timeout(deadline.left_s()) as limit:
+                                result = await _try(send, attempt, limit)
                     except UpstreamFailure as f:
                         failed = f.with_traceback(None)  # kept: its frames would hold this one
                         self._client_error(snap, member, f, ctx)
+                    except TimeoutError:  # only the deadline's: _try turns others into failures
+                        assert deadline is not None
+                        raise DeadlineExceeded(deadline, ctx.attempts) from None
                     else:
                         if hedge.enabled:
                             self.hedges.observe(pool, attempt.elapsed_s)
@@ -269,12 +307,15 @@ class Failover:
                     unsent += 1
                     candidates.unsent()
                 sent = number - unsent
-                if not await self._next_attempt(retrier, sent, failed):  # this failure decides
-                    owed = False
+                if not await self._next_attempt(retrier, sent, failed, deadline):
+                    owed = False  # this failure decides
                     break
         finally:
             if owed:  # no member was left to retry on (or the wait for one ended): not a retry
                 self.budget.refund()
+        if candidates.expired:
+            assert deadline is not None
+            raise DeadlineExceeded(deadline, ctx.attempts)
         raise exhausted(last, candidates)
 
     @staticmethod
@@ -299,7 +340,9 @@ class Failover:
         When the first attempt has not answered after the pool's hedge delay, the same request
         goes to a second member (if one is free now and the retry budget allows); the first
         success wins and the other attempt is cancelled. Returns the winner, or the last failure
-        when both failed, and the number of hedges sent (0 or 1).
+        when both failed, and the number of hedges sent (0 or 1). When the request's deadline
+        comes first, both are cut (outrun) and DeadlineExceeded is raised; no hedge is sent with
+        less than MIN_ATTEMPT_S of it left.
         """
         pool = ctx.pool
         settings = snap.pools[pool].config.hedge
@@ -307,17 +350,30 @@ class Failover:
         running: dict[asyncio.Task[T], Attempt] = {
             asyncio.ensure_future(_try(send, primary)): primary
         }
-        deadline = primary.start + self.hedges.delay_s(pool, settings)
+        hedge_at = primary.start + self.hedges.delay_s(pool, settings)
+        limit = candidates.deadline
+        end = None if limit is None else limit.at
         hedged = False
         last: UpstreamFailure | None = None
         try:
             while running:
-                wait = None if hedged else max(0.0, deadline - time.monotonic())
+                now = time.monotonic()
+                wait = None if hedged else max(0.0, hedge_at - now)
+                ends = end is not None and (wait is None or end <= hedge_at)
+                if end is not None and ends:
+                    wait = max(0.0, end - now)
                 done, _ = await asyncio.wait(
                     running, timeout=wait, return_when=asyncio.FIRST_COMPLETED
                 )
+                if not done and ends:
+                    assert limit is not None
+                    if ctx.hedged:
+                        self.hedges.count(pool, won=False)
+                    raise DeadlineExceeded(limit, ctx.attempts)
                 if not done:
                     hedged = True
+                    if end is not None and end - time.monotonic() < MIN_ATTEMPT_S:
+                        continue  # too late for a hedge to answer in time
                     second = self._hedge(candidates, pool)
                     if second is not None:
                         ctx.hedged = True

@@ -1,0 +1,69 @@
+"""The request's deadline: how long it may wait, in all, for its answer to start.
+
+The policy's `retry.deadline_s` bounds it; a client may shorten it (never lengthen it) with
+`x-gateway-timeout`, `x-stainless-read-timeout` or `x-stainless-timeout` (the official OpenAI
+and Anthropic clients send their configured read timeout in these), in seconds. A value that is
+not a plain positive decimal number of at most `MAX_HEADER_CHARS` characters is ignored, as
+`x-gateway-cache-ttl`'s are: the Anthropic client sends `None` when it has no timeout. The
+deadline counts from the request's arrival, so time spent before the upstream attempts (limits,
+cache) is part of it.
+
+The `x-stainless-*` values are the client's own read timeout: the gateway gives up a little before
+it (a fifth of it, at most `CLIENT_MARGIN_S`), so that the client reads a 504 rather than timing
+out itself. `x-gateway-timeout` is taken as it is.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Mapping
+
+from gateway.context import Context
+
+GATEWAY_HEADER = "x-gateway-timeout"
+CLIENT_HEADERS = (GATEWAY_HEADER, "x-stainless-read-timeout", "x-stainless-timeout")
+MAX_HEADER_CHARS = 32
+CLIENT_MARGIN_S = 0.5
+# Digits, an optional fraction: no sign, exponent, `nan`, `inf`, `_` or whitespace (which
+# float() would take).
+_SECONDS = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,12})?")
+
+
+def header_seconds(value: str | None) -> float | None:
+    """A client's timeout header as positive finite seconds, or None for anything else."""
+    if not value or len(value) > MAX_HEADER_CHARS or _SECONDS.fullmatch(value) is None:
+        return None
+    seconds = float(value)
+    return seconds if seconds > 0 and math.isfinite(seconds) else None
+
+
+class Deadline:
+    """A point on the event loop's clock (time.monotonic) the request's answer must start by."""
+
+    __slots__ = ("at", "limit_s", "source")
+
+    def __init__(self, at: float, limit_s: float, source: str) -> None:
+        self.at, self.limit_s, self.source = at, limit_s, source
+
+    def left_s(self) -> float:
+        return self.at - time.monotonic()
+
+
+def request_deadline(
+    policy_s: float | None, headers: Mapping[str, str], ctx: Context
+) -> Deadline | None:
+    """The request's deadline: the policy's, shortened by the client's headers; None if neither
+    gives one. Counted from the request's arrival (`ctx.start`, a perf_counter reading)."""
+    limit_s, source = policy_s, "retry.deadline_s"
+    for name in CLIENT_HEADERS:
+        asked = header_seconds(headers.get(name))
+        if asked is not None and name != GATEWAY_HEADER:
+            asked -= min(CLIENT_MARGIN_S, asked / 5)
+        if asked is not None and (limit_s is None or asked < limit_s):
+            limit_s, source = asked, name
+    if limit_s is None:
+        return None
+    spent = max(0.0, time.perf_counter() - ctx.start)
+    return Deadline(time.monotonic() - spent + limit_s, limit_s, source)
