@@ -115,6 +115,7 @@ def reference_problems(data: Mapping[str, Any]) -> list[Problem]:
 
     for pname, provider in providers.items():
         out.extend(_timeout_warnings(pname, _mapping(_mapping(provider).get("timeouts"))))
+    out.extend(_deadline_warnings(_mapping(data.get("retry")).get("deadline_s"), providers))
 
     for pname, pool in pools.items():
         pool = _mapping(pool)
@@ -189,6 +190,26 @@ def _timeout_warnings(pname: str, timeouts: dict[str, Any]) -> list[Problem]:
                 Problem(
                     f"providers.{pname}.timeouts.{part}",
                     f"{limit:g} s is longer than total_s ({total:g}): it never applies",
+                    warning=True,
+                )
+            )
+    return out
+
+
+def _deadline_warnings(deadline: Any, providers: dict[str, Any]) -> list[Problem]:
+    """A member's first_byte_s (given) beyond the request deadline never applies: a member that
+    slow is cut by the deadline (a 504) instead of failing over to the next one."""
+    if not isinstance(deadline, int | float) or isinstance(deadline, bool):
+        return []
+    out = []
+    for pname, provider in providers.items():
+        first = _mapping(_mapping(provider).get("timeouts")).get("first_byte_s")
+        if isinstance(first, int | float) and not isinstance(first, bool) and first > deadline:
+            out.append(
+                Problem(
+                    f"providers.{pname}.timeouts.first_byte_s",
+                    f"{first:g} s is longer than retry.deadline_s ({deadline:g}): it never "
+                    "applies, a member that slow is cut by the deadline instead of failed over",
                     warning=True,
                 )
             )
