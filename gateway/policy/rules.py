@@ -389,12 +389,15 @@ def rule_files(path: Path) -> list[Path]:
 def load_rules(path: str | Path) -> RuleSet:
     """Load one rule file or every ``*.yaml``/``*.yml`` of a folder (in name order)."""
     root = Path(path)
-    if not root.exists():
-        raise RuleFileError(str(root), "", "no such file or folder")
+    try:
+        if not root.exists():
+            raise RuleFileError(str(root), "", "no such file or folder")
+        files = rule_files(root)
+    except OSError as exc:  # a name too long, a folder that cannot be listed
+        raise RuleFileError(str(root), "", f"cannot read: {exc.strerror or exc}") from None
     rules: list[Rule] = []
     default: DefaultRule | None = None
     default_file, names = "", dict[str, str]()
-    files = rule_files(root)
     for file in files:
         parsed, smap = _load(file)
         for i, rule in enumerate(parsed.rules):

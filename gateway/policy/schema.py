@@ -358,7 +358,11 @@ class Metrics(Strict):
 
 class Degradation(Strict):
     rules: str | None = Field(
-        None, description="Folder (or file) of degradation rules, relative to the policy file."
+        None,
+        min_length=1,
+        max_length=4096,  # PATH_MAX: a longer path fails in the OS, not in the check
+        pattern=r"^[^\x00]+$",
+        description="Folder (or file) of degradation rules, relative to the policy file.",
     )
 
 
