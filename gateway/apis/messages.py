@@ -48,7 +48,7 @@ ERROR_TYPES = {
     # Upstream failures keep the gateway's own status (a 500 would say the gateway itself
     # broke); Anthropic's SDKs read every 5xx as a server error and retry it alike.
     502: "api_error",
-    504: "api_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
 STOP_REASONS = {
