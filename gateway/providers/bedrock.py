@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from gateway.policy.schema import Timeouts
 from gateway.providers.base import (
     JSON_HEADERS,
     Adapter,
@@ -37,8 +38,15 @@ from gateway.providers.bedrock_wire import (
     Signer,
     operation_path,
 )
+from gateway.providers.common import first_tool_call_only, one_tool_call
 from gateway.providers.settings import BedrockSettings, bedrock_region
-from gateway.providers.upstream import UpstreamFailure, forwardable_headers, parse_retry_after
+from gateway.providers.upstream import (
+    UpstreamClient,
+    UpstreamFailure,
+    UpstreamResponse,
+    forwardable_headers,
+    parse_retry_after,
+)
 from gateway.wire.answer_checks import InvalidAnswer
 
 _PRELUDE = 12  # total length, headers length, prelude CRC
@@ -117,6 +125,21 @@ class BedrockAdapter(Adapter):
         path = operation_path(model, stream)
         return UpstreamRequest(path, data, self._signer.headers(self._base + path, data))
 
+    async def send(
+        self,
+        client: UpstreamClient,
+        endpoint: str,
+        body: dict[str, Any],
+        model: str,
+        headers: dict[str, str] | None,
+        timeouts: Timeouts,
+        max_tokens: int | None,
+    ) -> UpstreamResponse:
+        resp = await super().send(client, endpoint, body, model, headers, timeouts, max_tokens)
+        if one_tool_call(body):  # no switch for it in Converse: the answer is cut
+            resp.body = first_tool_call_only(resp.body)
+        return resp
+
     def response(self, endpoint: str, body: bytes, model: str) -> bytes:
         try:
             answer = orjson.loads(body)
@@ -128,7 +151,9 @@ class BedrockAdapter(Adapter):
         decoder = EventDecoder()
         opts = body.get("stream_options")
         include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
-        events = EventTranslator(model, include_usage=include_usage)
+        events = EventTranslator(
+            model, include_usage=include_usage, single_call=one_tool_call(body)
+        )
         limit = self._max_event
 
         def translate(data: bytes) -> bytes:

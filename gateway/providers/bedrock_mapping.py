@@ -488,12 +488,16 @@ class StreamTranslator:
     model: str
     include_usage: bool = False
     request_id: str | None = None
+    # `parallel_tool_calls: false`: Converse has no switch for it, so toolUse blocks after the
+    # first are dropped (their start, input deltas and stop).
+    single_call: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     done: bool = False
     _stopped: bool = False
     _started: bool = False
     _tool_index: dict[int, int] = field(default_factory=dict)  # block index -> tool call index
     _with_args: set[int] = field(default_factory=set)  # tool calls that streamed some input
+    _dropped: set[Any] = field(default_factory=set)  # block indices of calls cut (single_call)
     _base: bytes = b""
 
     def __post_init__(self) -> None:
@@ -539,6 +543,9 @@ class StreamTranslator:
                 return self._role()
             index = payload.get("contentBlockIndex")
             k = len(self._tool_index)
+            if k and self.single_call:
+                self._dropped.add(index)
+                return self._role()
             self._tool_index[index if isinstance(index, int) else -1 - k] = k
             call = {
                 "index": k,
@@ -552,6 +559,8 @@ class StreamTranslator:
             if not isinstance(delta, dict):
                 raise StreamError("bad_response", "contentBlockDelta without delta")
             out = self._role()
+            if self._dropped and payload.get("contentBlockIndex") in self._dropped:
+                return out
             if isinstance(delta.get("text"), str):
                 if delta["text"]:
                     out.append(self._chunk({"content": delta["text"]}))

@@ -96,6 +96,26 @@ def usage(prompt: int, completion: int, cached: int | None = None) -> dict[str, 
     return out
 
 
+def one_tool_call(body: dict[str, Any]) -> bool:
+    """Did the (OpenAI) request ask for at most one tool call (`parallel_tool_calls: false`)?
+    Vendors without such a switch (Gemini, Bedrock's Converse) have their answers cut to it."""
+    return body.get("parallel_tool_calls") is False and bool(body.get("tools"))
+
+
+def first_tool_call_only(answer: bytes) -> bytes:
+    """A chat.completion with each choice's tool calls cut to the first: what a client that
+    set `parallel_tool_calls: false` may get. The finish reason stays `tool_calls` (one call is
+    left) and the usage stays the vendor's (it generated, and bills, every call)."""
+    if answer.count(b'"type":"function"') < 2:  # the mappings' own encoding: one call or none
+        return answer
+    doc = orjson.loads(answer)
+    for choice in doc.get("choices") or ():
+        msg = choice.get("message") or {}
+        if len(msg.get("tool_calls") or ()) > 1:
+            msg["tool_calls"] = msg["tool_calls"][:1]
+    return orjson.dumps(doc)
+
+
 def wants_usage(body: dict[str, Any]) -> bool:
     """Did the (OpenAI) request ask for the usage chunk at the end of a stream?"""
     opts = body.get("stream_options")

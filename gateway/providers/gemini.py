@@ -12,8 +12,9 @@ from urllib.parse import quote
 
 import orjson
 
+from gateway.policy.schema import Timeouts
 from gateway.providers.base import Adapter, StreamTranslator, UpstreamRequest, register
-from gateway.providers.common import wants_usage
+from gateway.providers.common import first_tool_call_only, one_tool_call, wants_usage
 from gateway.providers.gemini_mapping import (
     BadAnswer,
     GeminiStream,
@@ -24,7 +25,13 @@ from gateway.providers.gemini_mapping import (
     map_error,
 )
 from gateway.providers.settings import GeminiSettings
-from gateway.providers.upstream import UpstreamFailure, forwardable_headers, parse_retry_after
+from gateway.providers.upstream import (
+    UpstreamClient,
+    UpstreamFailure,
+    UpstreamResponse,
+    forwardable_headers,
+    parse_retry_after,
+)
 from gateway.wire.answer_checks import InvalidAnswer
 
 
@@ -68,6 +75,21 @@ class GeminiAdapter(Adapter):
         path = f"/{self.settings.api_version}/models/{model_id}:{method}"
         return UpstreamRequest(path, orjson.dumps(doc))
 
+    async def send(
+        self,
+        client: UpstreamClient,
+        endpoint: str,
+        body: dict[str, Any],
+        model: str,
+        headers: dict[str, str] | None,
+        timeouts: Timeouts,
+        max_tokens: int | None,
+    ) -> UpstreamResponse:
+        resp = await super().send(client, endpoint, body, model, headers, timeouts, max_tokens)
+        if one_tool_call(body):  # no switch for it in Gemini's API: the answer is cut
+            resp.body = first_tool_call_only(resp.body)
+        return resp
+
     def response(self, endpoint: str, body: bytes, model: str) -> bytes:
         try:
             return orjson.dumps(gemini_to_chat(orjson.loads(body), model))
@@ -81,6 +103,7 @@ class GeminiAdapter(Adapter):
             include_usage=wants_usage(body),
             candidates=n if isinstance(n, int) and n > 1 else 1,
             max_event=self.config.limits.max_event_bytes,
+            single_call=one_tool_call(body),
         )
 
         def translate(data: bytes) -> bytes:

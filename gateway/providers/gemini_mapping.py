@@ -417,6 +417,9 @@ class GeminiStream:
     include_usage: bool = False
     candidates: int = 1
     max_event: int | None = None
+    # `parallel_tool_calls: false`: Gemini has no switch for it (its function calling modes
+    # are AUTO, ANY, NONE and VALIDATED), so a candidate's calls after its first are dropped.
+    single_call: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     done: bool = False
     _writer: ChunkWriter | None = None
@@ -482,6 +485,8 @@ class GeminiStream:
                     out.append(self._delta(index, {"content": p["text"]}))
                 elif isinstance(p.get("functionCall"), dict):
                     k = self._calls.get(index, 0)
+                    if k and self.single_call:
+                        continue
                     self._calls[index] = k + 1
                     out.append(self._delta(index, {"tool_calls": [{"index": k, **_call(p)}]}))
             reason = cand.get("finishReason")

@@ -18,7 +18,8 @@ fails its tests:
   an unknown model id: 400 `ValidationException` "The provided model identifier is invalid.".
 
 Answers are deterministic text from the simulator's vocabulary; a forced tool choice (`any` or
-`tool`) answers with a toolUse whose input fits the tool's schema; `outputConfig.textFormat`
+`tool`) answers with a toolUse whose input fits the tool's schema, `auto` with one toolUse per
+tool the last user turn names (parallel calls); `outputConfig.textFormat`
 answers with JSON valid against the schema. A system prompt ending in a `cachePoint` is
 remembered: the next request with the same prefix reports it as `cacheReadInputTokens`.
 ConverseStream answers use the binary AWS event stream framing (prelude, headers, payload and
@@ -387,6 +388,10 @@ def _prompt_text(body: dict[str, Any]) -> tuple[str, str]:
     return prefix, "".join(rendered)
 
 
+def _user_text(blocks: list[dict[str, Any]]) -> str:
+    return " ".join(b["text"] for b in blocks if isinstance(b.get("text"), str))
+
+
 @dataclass(slots=True)
 class Answer:
     blocks: list[dict[str, Any]]
@@ -514,7 +519,22 @@ class BedrockSimulator:
         specs = [t["toolSpec"] for t in tools.get("tools", []) if "toolSpec" in t]
         fmt = ((body.get("outputConfig") or {}).get("textFormat") or {}).get("structure")
         blocks: list[dict[str, Any]]
-        if specs and ("any" in choice or "tool" in choice) and not answered_tool:
+        named = [s for s in specs if s["name"].lower() in _user_text(last).lower()]
+        if named and not choice.keys() - {"auto"} and not answered_tool:
+            # Under `auto` the model calls every tool the turn names, in one answer (Converse
+            # has no switch against parallel calls).
+            blocks = [
+                {
+                    "toolUse": {
+                        "toolUseId": f"tooluse_{seed % 10**12:012d}_{k}",
+                        "name": s["name"],
+                        "input": value_for(s["inputSchema"].get("json") or {}, seed + k),
+                    }
+                }
+                for k, s in enumerate(named)
+            ]
+            stop, out_tokens = "tool_use", count_tokens(orjson.dumps(blocks).decode())
+        elif specs and ("any" in choice or "tool" in choice) and not answered_tool:
             name = choice["tool"]["name"] if "tool" in choice else specs[0]["name"]
             spec = next(s for s in specs if s["name"] == name)
             args = value_for(spec["inputSchema"].get("json") or {}, seed)

@@ -10,7 +10,8 @@ otherwise, as Google answers), the body validated part by part against the offic
 other than user/model, a functionResponse without an earlier functionCall of that name (400
 INVALID_ARGUMENT); a prompt over `context_window` tokens (400 "exceeds the maximum number of
 tokens"). Answers: deterministic text, a function call fitting the declared schema when the mode
-is ANY, JSON valid against `responseJsonSchema` for a JSON mime type, `candidateCount`
+is ANY, one call per declared function the last user turn names (by name) in AUTO mode (Gemini
+calls functions in parallel and has no switch against it), JSON valid against `responseJsonSchema` for a JSON mime type, `candidateCount`
 candidates; streams are SSE events of partial GenerateContentResponses, the last one with the
 finishReason and usageMetadata.
 """
@@ -183,7 +184,15 @@ class GeminiSimulator:
         total_out = 0
         for index in range(int(gen.get("candidateCount") or 1)):
             seed = text_seed(prompt, index)
-            if decls and mode.get("mode") == "ANY" and not answered:
+            named = _named(decls, last) if mode.get("mode", "AUTO") == "AUTO" else []
+            if named and not answered:
+                # Gemini calls functions in parallel: one call per function the turn names.
+                parts = [
+                    {"functionCall": {"name": d["name"], "args": value_for(_schema(d), seed)}}
+                    for d in named
+                ]
+                reason, out = "STOP", count_tokens(orjson.dumps(parts).decode())
+            elif decls and mode.get("mode") == "ANY" and not answered:
                 allowed = mode.get("allowedFunctionNames") or [decls[0]["name"]]
                 decl = next(d for d in decls if d["name"] == allowed[0])
                 schema = decl.get("parametersJsonSchema") or decl.get("parameters") or {}
@@ -249,6 +258,18 @@ class GeminiSimulator:
                 await resp.write(b"data: " + orjson.dumps(chunk) + b"\r\n\r\n")
         await resp.write_eof()
         return resp
+
+
+def _named(decls: list[dict[str, Any]], turn: dict[str, Any]) -> list[dict[str, Any]]:
+    """The declared functions a user turn's text names (AUTO mode: the model calls them)."""
+    if turn.get("role", "user") != "user":
+        return []
+    said = " ".join(p["text"] for p in turn.get("parts") or [] if isinstance(p.get("text"), str))
+    return [d for d in decls if d["name"].lower() in said.lower()]
+
+
+def _schema(decl: dict[str, Any]) -> Any:
+    return decl.get("parametersJsonSchema") or decl.get("parameters") or {}
 
 
 class RunningGemini:
