@@ -1,16 +1,14 @@
 """The request's deadline: how long it may wait, in all, for its answer to start.
 
 The policy's `retry.deadline_s` bounds it; a client may shorten it (never lengthen it) with
-`x-gateway-timeout`, `x-stainless-read-timeout` or `x-stainless-timeout` (the official OpenAI
-and Anthropic clients send their configured read timeout in these), in seconds. A value that is
-not a plain positive decimal number of at most `MAX_HEADER_CHARS` characters is ignored, as
-`x-gateway-cache-ttl`'s are: the Anthropic client sends `None` when it has no timeout. The
-deadline counts from the request's arrival, so time spent before the upstream attempts (limits,
-cache) is part of it.
+`x-gateway-timeout`, in seconds. A value that is not a plain positive decimal number of at most
+`MAX_HEADER_CHARS` characters is ignored, as `x-gateway-cache-ttl`'s are. The deadline counts
+from the request's arrival, so time spent before the upstream attempts (limits, cache) is part
+of it.
 
-The `x-stainless-*` values are the client's own read timeout: the gateway gives up a little before
-it (a fifth of it, at most `CLIENT_MARGIN_S`), so that the client reads a 504 rather than timing
-out itself. `x-gateway-timeout` is taken as it is.
+The official clients' `x-stainless-read-timeout` / `x-stainless-timeout` are not read: they are a
+per-read timeout (a stream may run far longer), sent by default (600 s), and a client that gives
+up on its own must be recorded as gone (499, charged as such), not answered a 504 it never reads.
 """
 
 from __future__ import annotations
@@ -23,9 +21,7 @@ from collections.abc import Mapping
 from gateway.context import Context
 
 GATEWAY_HEADER = "x-gateway-timeout"
-CLIENT_HEADERS = (GATEWAY_HEADER, "x-stainless-read-timeout", "x-stainless-timeout")
 MAX_HEADER_CHARS = 32
-CLIENT_MARGIN_S = 0.5
 # Digits, an optional fraction: no sign, exponent, `nan`, `inf`, `_` or whitespace (which
 # float() would take).
 _SECONDS = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,12})?")
@@ -54,15 +50,12 @@ class Deadline:
 def request_deadline(
     policy_s: float | None, headers: Mapping[str, str], ctx: Context
 ) -> Deadline | None:
-    """The request's deadline: the policy's, shortened by the client's headers; None if neither
+    """The request's deadline: the policy's, shortened by the client's header; None if neither
     gives one. Counted from the request's arrival (`ctx.start`, a perf_counter reading)."""
     limit_s, source = policy_s, "retry.deadline_s"
-    for name in CLIENT_HEADERS:
-        asked = header_seconds(headers.get(name))
-        if asked is not None and name != GATEWAY_HEADER:
-            asked -= min(CLIENT_MARGIN_S, asked / 5)
-        if asked is not None and (limit_s is None or asked < limit_s):
-            limit_s, source = asked, name
+    asked = header_seconds(headers.get(GATEWAY_HEADER))
+    if asked is not None and (limit_s is None or asked < limit_s):
+        limit_s, source = asked, GATEWAY_HEADER
     if limit_s is None:
         return None
     spent = max(0.0, time.perf_counter() - ctx.start)

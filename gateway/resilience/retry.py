@@ -59,7 +59,7 @@ class RetrySettings(BaseModel):
         allow_inf_nan=False,
         description="Longest a request may wait for its answer to start: attempts, backoff "
         "waits, queue waits and hedges together (504 deadline_exceeded when it runs out). "
-        "Clients may shorten it (x-gateway-timeout, x-stainless-timeout). Null: no limit but "
+        "Clients may shorten it (x-gateway-timeout). Null: no limit but "
         "the attempts' own.",
     )
 
