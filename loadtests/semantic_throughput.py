@@ -1,7 +1,7 @@
 """Semantic cache throughput and latency through the gateway, per embedding configuration.
 
 Starts the zero-latency simulator and, for each configuration (embedding `workers` x `batch_max`,
-optionally the vector memo on and a lookup budget),
+optionally the vector memo on, a lookup budget, and waiting for every lookup),
 a `gateway serve` process with two aliases in front of it: `sem` (semantic cache on, exact cache
 off, vector memo off so every request really embeds its question) and `plain` (no cache). Then:
 
@@ -45,7 +45,7 @@ providers:
 pools:
   main: {{members: [zero]}}
 semantic_cache: {{workers: {workers}, batch_max: {batch}, vector_memo: {memo}, queue_max: 1024,
-                 lookup_budget_ms: {budget}, embedder: {embedder}}}
+                 lookup_budget_ms: {budget}, embedder: {embedder}{race}}}
 models:
   sem: {{pool: main, cache: {{exact: {{enabled: false}}, semantic: {{enabled: true}}}}}}
   plain: {{pool: main, cache: {{exact: {{enabled: false}}}}}}
@@ -153,8 +153,9 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default="1x1,1x8,2x1,2x8",
-        help="WORKERSxBATCH, optional m (vector memo on), bMS (lookup budget) and p (the packaged"
-        " model instead of its int8 build), e.g. 1x8mb5, 2x8p",
+        help="WORKERSxBATCH, optional m (vector memo on), bMS (lookup budget), w (wait for every"
+        " lookup: race_unrelated off) and p (the packaged model instead of its int8 build), e.g."
+        " 1x8mb5, 2x8mw, 2x8p",
     )
     ap.add_argument("--lengths", default="short,long")
     ap.add_argument("--clients", type=int, default=16)
@@ -185,8 +186,8 @@ def main() -> None:
         base = stack.enter_context(baseline_tree(args.baseline)) if args.baseline else None
         gateways = {}
         for config in configs:  # all running at once, measured in turn: the same machine noise
-            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?(p?)(@base)?", config)
-            assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS][p]"
+            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?(w?)(p?)(@base)?", config)
+            assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS][w][p]"
             policy = folder / f"policy-{config.replace('@', '-')}.yaml"
             policy.write_text(
                 POLICY.format(
@@ -195,11 +196,12 @@ def main() -> None:
                     batch=m[2],
                     memo=4096 if m[3] else 0,
                     budget=m[4] or 0,
-                    embedder="onnx-packaged" if m[5] else "auto",
+                    embedder="onnx-packaged" if m[6] else "auto",
+                    race=", race_unrelated: false" if m[5] else "",
                 )
             )
             env = {"GATEWAY_ACCESS_LOG": "0"}
-            root = base if m[6] else None
+            root = base if m[7] else None
             gateways[config] = stack.enter_context(gateway_process(policy, env=env, root=root))
         for gw in gateways.values():
             for length in lengths:
@@ -222,7 +224,7 @@ def main() -> None:
                         if line.startswith("gateway_semantic_lookups_total")
                         and f'outcome="{outcome}"' in line
                     )
-                    for outcome in ("hit", "late", "late_hit_raced")
+                    for outcome in ("hit", "early", "late", "late_hit_raced")
                 }
                 print(f"{config}: lookups {counts} (late_hit_raced = upstream calls cancelled)")
     rows = [

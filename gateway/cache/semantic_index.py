@@ -9,8 +9,8 @@ Each namespace keeps its vectors in one contiguous float32 matrix that FAISS sea
 rewrites the whole index: TTL expiry and LRU eviction happen on every insert once the cache is
 full, so deletes must be cheap.
 
-Every byte is counted against `max_bytes`: entries (text, response, bookkeeping) and each
-namespace's matrix at its allocated capacity plus its fixed cost. Most namespaces hold one entry
+Every byte is counted against `max_bytes`: entries (text, response, bookkeeping), each
+namespace's matrix at its allocated capacity plus its fixed cost, and the word gate's fixed table. Most namespaces hold one entry
 (every conversation context is its own namespace), so a matrix starts at one row and doubles;
 a namespace disappears with its last entry, and cold namespaces empty through LRU eviction.
 """
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import faiss
 import numpy as np
+
+from gateway.cache.word_gate import WordGate, slots_for
 
 #: Bookkeeping per entry beyond text and response: the Entry object, its id string, its slots in
 #: the LRU dict, the row dict and the expiry heap (measured with tracemalloc, rounded up).
@@ -129,7 +131,9 @@ class SemanticIndex:
         self._rows: dict[str, int] = {}
         self._spaces: dict[str, _Space] = {}
         self._expiry: list[tuple[float, str]] = []
-        self.nbytes = 0
+        # Fixed size, counted once: which namespaces hold which content words (`unrelated`).
+        self.words = WordGate(slots_for(max_entries, max_bytes))
+        self.nbytes = self.words.nbytes
         self.evicted = 0
         self.expired = 0
 
@@ -147,6 +151,11 @@ class SemanticIndex:
         """Whether the namespace holds entries. Safe to call from another thread: a dict lookup
         is atomic, and a stale answer only turns one lookup into a miss or an empty search."""
         return namespace in self._spaces
+
+    def unrelated(self, namespace: str, text: str) -> bool:
+        """Whether the namespace holds entries, none of which shares a content word with `text`
+        (`WordGate`; safe from another thread like `has_namespace`)."""
+        return namespace in self._spaces and self.words.unrelated(namespace, text)
 
     @property
     def index_bytes(self) -> int:
@@ -166,7 +175,7 @@ class SemanticIndex:
             entry.entry_id, entry.namespace, entry.text, _NO_VECTOR, entry.response,
             entry.expires_at,
         )  # fmt: skip
-        if stored.nbytes + _SPACE_OVERHEAD + 4 * self.dim * 2 > self.max_bytes:
+        if stored.nbytes + _SPACE_OVERHEAD + 4 * self.dim * 2 + self.words.nbytes > self.max_bytes:
             return False
         if entry.entry_id in self._entries:
             self.remove(entry.entry_id)
@@ -179,6 +188,7 @@ class SemanticIndex:
         self.nbytes += space.nbytes - before
         self._entries[entry.entry_id] = stored
         self.nbytes += stored.nbytes
+        self.words.add(entry.namespace, entry.text)
         heapq.heappush(self._expiry, (entry.expires_at, entry.entry_id))
         self.expire(now)
         while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
@@ -202,6 +212,7 @@ class SemanticIndex:
         else:
             self.nbytes -= before - space.nbytes
         self.nbytes -= entry.nbytes
+        self.words.remove(entry.namespace, entry.text)
         return True
 
     def expire(self, now: float) -> int:

@@ -32,6 +32,8 @@ class SemanticPlan:
     ttl_s: float | None
     vector: Any = None
     refresh: bool = False
+    streamed: bool = False
+    """The client asked for a stream: never raced (`race_unrelated` is for unary answers)."""
     pending: Any = None
     hit_id: str | None = None
     """The entry the lookup served (to drop it when it is not a valid answer)."""
@@ -61,7 +63,10 @@ class SemanticLayer:
         self.late = 0
         """Lookups that outlasted `lookup_budget_ms` (the upstream call started meanwhile)."""
         self.raced = 0
-        """Late lookups that found an answer before the upstream call did (that call cancelled)."""
+        """Late or early lookups that found an answer before the upstream call did (that call
+        cancelled)."""
+        self.early = 0
+        """Lookups raced from the start: no cached question in the context shares a word."""
 
     @property
     def ready(self) -> bool:
@@ -122,7 +127,11 @@ class SemanticLayer:
         if routed:  # where the routing decision sends it (another pool: another model)
             params["\x00route"] = routed
         return SemanticPlan(
-            namespace_for(tenant, alias, messages, params), text, route.threshold, route.ttl_s
+            namespace_for(tenant, alias, messages, params),
+            text,
+            route.threshold,
+            route.ttl_s,
+            streamed=bool(body.get("stream")),
         )
 
     async def lookup(self, plan: SemanticPlan) -> tuple[bytes, float] | None:
@@ -130,11 +139,20 @@ class SemanticLayer:
 
         With `lookup_budget_ms`, a lookup still running after the budget is left in
         `plan.pending` and None is returned: the caller starts the upstream call and may race it
-        against the lookup (`late_result`).
+        against the lookup (`late_result`). So is, at once, a unary request's lookup whose
+        question shares no word with any question cached in its context (`race_unrelated`).
         """
         assert self.cache is not None
         budget = self.settings.lookup_budget_ms / 1000
         task = asyncio.ensure_future(self.cache.lookup(plan.namespace, plan.text, plan.threshold))
+        if (
+            self.settings.race_unrelated
+            and not plan.streamed
+            and self.cache.index.unrelated(plan.namespace, plan.text)
+        ):
+            self.early += 1
+            plan.pending = task
+            return None
         if budget > 0:
             done, _ = await asyncio.wait({task}, timeout=budget)
             if not done:

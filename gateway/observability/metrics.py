@@ -364,7 +364,9 @@ class GatewayCollector(Collector):
             "gateway_semantic_lookups",
             "Semantic cache lookups by outcome; a rejection names what refused the most similar "
             "candidate (verifier, or a guard); late: past lookup_budget_ms, upstream call started; "
-            "late_hit_raced: a late lookup that still answered first (its upstream call cancelled).",
+            "early: a question sharing no word with any cached in its context, raced from the start; "
+            "late_hit_raced: a late or early lookup that still answered first (its upstream call "
+            "cancelled).",
             labels=["outcome", "guard"],
         )
         lookups.add_metric(["hit", ""], semantic.hits)
@@ -372,6 +374,7 @@ class GatewayCollector(Collector):
         for guard, n in semantic.rejected.items():
             lookups.add_metric(["rejected", guard], n)
         lookups.add_metric(["late", ""], semantic.late)
+        lookups.add_metric(["early", ""], semantic.early)
         lookups.add_metric(["late_hit_raced", ""], semantic.raced)
         yield lookups
         stored, refused = semantic.store_stats()

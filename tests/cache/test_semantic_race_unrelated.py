@@ -1,0 +1,94 @@
+"""A question that shares no content word with any question cached in its context goes upstream
+at once, racing its lookup (`semantic_cache.race_unrelated`, on by default): a miss does not wait
+for its embedding, and the lookup still serves a paraphrase that answers before the upstream.
+
+Real gateway, real embedder and verifier, the project's simulators (`a`: answers in a few ms;
+`slow`: ~400 ms for 8 tokens), through the HTTP API.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.cache.test_cache_semantic_namespaces import _metric, ask, two_aliases
+from tests.support import GatewayServer
+
+pytest.importorskip("faiss", reason="the semantic extra is not installed")
+
+EARLY = 'gateway_semantic_lookups_total{guard="",outcome="early"}'
+RACED = 'gateway_semantic_lookups_total{guard="",outcome="late_hit_raced"}'
+STORED = 'gateway_semantic_stores_total{outcome="stored"'
+
+
+def stored(gw: GatewayServer, question: str, ns: str) -> dict[str, Any]:
+    """Ask `question` (a miss) and wait until its answer is in the semantic cache."""
+    before = _metric(gw, STORED)
+    first = ask(gw, question, namespace=ns)
+    assert first.headers["x-gateway-cache"] == "miss"
+    deadline = time.monotonic() + 10
+    while _metric(gw, STORED) < before + 1:
+        assert time.monotonic() < deadline, "the answer was never stored"
+        time.sleep(0.02)
+    return first.json()
+
+
+def test_an_unrelated_question_goes_upstream_at_once(fleet: Any) -> None:
+    with GatewayServer(two_aliases(fleet.url("a"))) as gw:
+        ns = f"race-{uuid.uuid4().hex}"
+        answer = stored(gw, "What is the best time of year to visit Iceland?", ns)
+        early = _metric(gw, EARLY)
+        other = ask(gw, "Which planets have rings?", namespace=ns)
+        assert other.headers["x-gateway-cache"] == "miss" and other.json() != answer
+        assert _metric(gw, EARLY) == early + 1
+        # A question sharing words waits for its lookup (and is served).
+        r = ask(gw, "When is the best time of the year to visit Iceland?", namespace=ns)
+        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+        # A new context (no entry at all): a miss without embedding, not a race.
+        ask(gw, "Which planets have rings?", namespace=f"race-{uuid.uuid4().hex}")
+        # Streams are never raced.
+        body = {
+            "model": "chat",
+            "messages": [{"role": "user", "content": "Which moons have oceans?"}],
+            "temperature": 0,
+            "max_tokens": 8,
+            "stream": True,
+        }
+        headers = {"authorization": "Bearer key-1", "x-gateway-cache-namespace": ns}
+        s = httpx.post(gw.base_url + "/chat/completions", json=body, headers=headers, timeout=30)
+        assert s.status_code == 200 and "[DONE]" in s.text
+        assert _metric(gw, EARLY) == early + 1
+        # Its own question again: shares its words now, waits, and is served.
+        again = ask(gw, "Which planets have rings?", namespace=ns)
+        assert _metric(gw, EARLY) == early + 1
+        assert again.headers["x-gateway-cache"] in ("hit-semantic", "miss")
+
+
+def test_an_unrelated_paraphrase_still_wins_against_a_slow_upstream(fleet: Any) -> None:
+    """ "What is your age?" shares no word with "How old are you?": raced from the start, and the
+    lookup (a few ms) answers before the slow upstream (~400 ms), whose call is cancelled."""
+    with GatewayServer(two_aliases(fleet.url("slow"))) as gw:
+        ns = f"race-{uuid.uuid4().hex}"
+        answer = stored(gw, "How old are you?", ns)
+        early, raced = _metric(gw, EARLY), _metric(gw, RACED)
+        start = time.monotonic()
+        r = ask(gw, "What is your age?", namespace=ns)
+        took = time.monotonic() - start
+        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+        assert (_metric(gw, EARLY), _metric(gw, RACED)) == (early + 1, raced + 1)
+        assert took < 0.4, took  # the slow upstream's answer was not waited for
+
+
+def test_race_unrelated_off_waits_for_every_lookup(fleet: Any) -> None:
+    policy = two_aliases(fleet.url("a"), "semantic_cache: {race_unrelated: false}\n")
+    with GatewayServer(policy) as gw:
+        ns = f"race-{uuid.uuid4().hex}"
+        answer = stored(gw, "How old are you?", ns)
+        r = ask(gw, "What is your age?", namespace=ns)
+        # Waited for: served even though the upstream answers in a few ms.
+        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+        assert _metric(gw, EARLY) == 0
