@@ -365,8 +365,8 @@ class GatewayCollector(Collector):
             "Semantic cache lookups by outcome; a rejection names what refused the most similar "
             "candidate (verifier, or a guard); late: past lookup_budget_ms, upstream call started; "
             "early: a question sharing no word with any cached in its context, raced from the start; "
-            "late_hit_raced: a late or early lookup that still answered first (its upstream call "
-            "cancelled).",
+            "late_hit_raced: a late or early lookup that still answered first, or after its "
+            "upstream call failed (the call cancelled or its error dropped).",
             labels=["outcome", "guard"],
         )
         lookups.add_metric(["hit", ""], semantic.hits)

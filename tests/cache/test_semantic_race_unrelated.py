@@ -92,3 +92,29 @@ def test_race_unrelated_off_waits_for_every_lookup(fleet: Any) -> None:
         # Waited for: served even though the upstream answers in a few ms.
         assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
         assert _metric(gw, EARLY) == 0
+
+
+def test_an_outage_does_not_lose_a_raced_paraphrase(fleet: Any) -> None:
+    """The upstream fails at once (connection refused, one attempt): the raced lookup is waited
+    for and its paraphrase served, as it would have been had the request waited for it."""
+    from tests.support import SEMANTIC_ONLY, TWO_TENANTS, policy
+
+    text = policy({"c": fleet.url("c")}, auth=TWO_TENANTS, alias=SEMANTIC_ONLY,
+                  pool={"max_attempts": 1}, retry={"max_attempts": 1})  # fmt: skip
+    try:
+        with GatewayServer(text) as gw:
+            ns = f"race-{uuid.uuid4().hex}"
+            answer = stored(gw, "How old are you?", ns)
+            fleet.set_faults("c", refuse_connections=True)
+            early, raced = _metric(gw, EARLY), _metric(gw, RACED)
+            r = ask(gw, "What is your age?", namespace=ns)
+            assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+            assert (_metric(gw, EARLY), _metric(gw, RACED)) == (early + 1, raced + 1)
+            # An unrelated question is not a paraphrase: the outage's error, in OpenAI's shape.
+            body = {"model": "chat", "messages": [{"role": "user", "content": "Which planets "
+                    "have rings?"}], "temperature": 0, "max_tokens": 8}  # fmt: skip
+            headers = {"authorization": "Bearer key-1", "x-gateway-cache-namespace": ns}
+            bad = httpx.post(gw.base_url + "/chat/completions", json=body, headers=headers)
+            assert bad.status_code >= 500 and "error" in bad.json(), bad.text
+    finally:
+        fleet.clear_faults("c")

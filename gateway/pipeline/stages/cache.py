@@ -217,6 +217,13 @@ class CachePlan:
     max_entry_bytes: int = 2**20  # larger answers are not stored in the exact cache
 
 
+def _failed(call: asyncio.Future[Response]) -> bool:
+    """A finished upstream call that gave no answer: an error raised, or a status other than 200."""
+    if call.cancelled() or call.exception() is not None:
+        return True
+    return call.result().status_code != 200
+
+
 class Cache:
     name = "cache"
 
@@ -345,20 +352,24 @@ class Cache:
     async def _race(
         self, call: Call, next: Next, plan: CachePlan, lookup: asyncio.Future[Any]
     ) -> Response:
-        """The semantic lookup outlasted its budget: the upstream call starts now, and if the
-        lookup then finds an answer first, that answer is served and the call cancelled (one
-        upstream call spent on a hit: counted in the `raced` lookups)."""
+        """The semantic lookup outlasted its budget, or was raced from the start: the upstream
+        call starts now. If the lookup finds an answer first, that answer is served and the call
+        cancelled (one upstream call spent on a hit: counted in the `raced` lookups); so it is
+        when the call fails first (an outage: open breakers fail at once), as it would have been
+        had the request waited for its lookup."""
         assert plan.semantic is not None
         ctx = call.ctx
         upstream = asyncio.ensure_future(next(call))
         try:
             await asyncio.wait({upstream, lookup}, return_when=asyncio.FIRST_COMPLETED)
+            if upstream.done() and _failed(upstream) and not lookup.done():
+                await asyncio.wait({lookup})
         except BaseException:
             # The request was cancelled (its client left): `wait` does not pass that on to
             # the call it waits on, which went on upstream with no one to answer.
             upstream.cancel()
             raise
-        if not upstream.done():
+        if not upstream.done() or _failed(upstream):
             found = self.semantic.late_result(plan.semantic)
             if found is not None:
                 # Checked before the call is cancelled: an entry that is not a valid answer
