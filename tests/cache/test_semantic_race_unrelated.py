@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.cache.test_cache_semantic_namespaces import _metric, ask, two_aliases
-from tests.support import GatewayServer
+from tests.support import GatewayServer, poll
 
 pytest.importorskip("faiss", reason="the semantic extra is not installed")
 
@@ -81,6 +81,8 @@ def test_an_unrelated_paraphrase_still_wins_against_a_slow_upstream(fleet: Any) 
         assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
         assert (_metric(gw, EARLY), _metric(gw, RACED)) == (early + 1, raced + 1)
         assert took < 0.4, took  # the slow upstream's answer was not waited for
+        ctx = poll(lambda: next((c for c in gw.seen if c.cache == "hit-semantic"), None))
+        assert ctx.status == 200 and not ctx.cost_usd  # a hit: the cancelled call is not billed
 
 
 def test_race_unrelated_off_waits_for_every_lookup(fleet: Any) -> None:
