@@ -8,8 +8,11 @@ off, vector memo off so every request really embeds its question) and `plain` (n
 - hits: the questions (~15 or ~30 tokens) are stored once, then `--clients` concurrent clients
   ask them again for `--seconds` (each request embeds, searches and verifies): hits/s, p50, p99;
 - one client: sequential hits (p50), and sequential new questions to `sem` and to `plain`
-  interleaved, so "what a miss adds" is the difference of two medians taken side by side; the
-  same in a new conversation (earlier turns never seen: an empty namespace, no embedding).
+  interleaved, so "what a miss adds" is the difference of two medians taken side by side: new
+  questions of one template ("Unrelated question <id> about topic <n>?": after the first, each
+  shares words with those cached before it), new topics (words no cached question has, drawn
+  from the repository's written question sets: raced from the start with `race_unrelated`), and
+  the same in a new conversation (earlier turns never seen: an empty namespace, no embedding).
 
 All configurations run at once and are measured in rotating turns (`--rounds`), so the load of
 the shared machine falls on each alike; the figures are medians over rounds.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import re
 import statistics
 import tempfile
@@ -70,6 +74,16 @@ def questions(n: int, long: bool) -> list[str]:
     return out
 
 
+def topic_words() -> list[str]:
+    """Distinct longer words of the repository's written question sets, shuffled (seeded)."""
+    words: set[str] = set()
+    for path in sorted((Path(__file__).parent / "data" / "written").glob("*.tsv")):
+        words.update(re.findall(r"\b[a-z]{7,}\b", path.read_text().lower()))
+    out = sorted(words)
+    random.Random(7).shuffle(out)
+    return out
+
+
 def body(model: str, text: str, earlier: str | None = None) -> bytes:
     msg = [{"role": "user", "content": text}]
     if earlier is not None:  # a conversation: its earlier turns make its own namespace
@@ -105,13 +119,21 @@ async def warm(gw: str, texts: list[str]) -> None:
             await post(s, gw + "/chat/completions", body("sem", t))
 
 
-async def burst(gw: str, texts: list[str], clients: int, seconds: float) -> dict[str, float]:
-    """One client's hits and misses (semantic on / off, interleaved), then `clients` at once."""
+async def burst(
+    gw: str, texts: list[str], clients: int, seconds: float, topics: list[str]
+) -> dict[str, float]:
+    """One client's hits and misses (semantic on / off, interleaved), then `clients` at once.
+    `topics`: words never asked before (three are taken per new-topic question)."""
     url = gw + "/chat/completions"
     conn = aiohttp.TCPConnector(limit=clients + 2)
     async with aiohttp.ClientSession(connector=conn) as s:
         one_hit, miss_sem, miss_plain, miss_conv, miss_conv_plain = [], [], [], [], []
+        miss_topic, miss_topic_plain = [], []
         for i in range(20):
+            a, b, c = topics.pop(), topics.pop(), topics.pop()
+            t = f"Tell me about {a}, {b} and {c}."
+            miss_topic.append((await post(s, url, body("sem", t)))[0])
+            miss_topic_plain.append((await post(s, url, body("plain", t + " plain")))[0])
             one_hit.append((await post(s, url, body("sem", texts[i * 5 % len(texts)])))[0])
             q = f"Unrelated question {uuid.uuid4().hex[:8]} about topic {i}?"
             miss_sem.append((await post(s, url, body("sem", q)))[0])
@@ -145,6 +167,8 @@ async def burst(gw: str, texts: list[str], clients: int, seconds: float) -> dict
         "miss_plain_p50_ms": statistics.median(miss_plain) * 1000,
         "miss_conv_p50_ms": statistics.median(miss_conv) * 1000,
         "miss_conv_plain_p50_ms": statistics.median(miss_conv_plain) * 1000,
+        "miss_topic_p50_ms": statistics.median(miss_topic) * 1000,
+        "miss_topic_plain_p50_ms": statistics.median(miss_topic_plain) * 1000,
     }
 
 
@@ -206,12 +230,15 @@ def main() -> None:
         for gw in gateways.values():
             for length in lengths:
                 asyncio.run(warm(gw, texts[length]))
+        topics = topic_words()
+        need = 60 * args.rounds * len(configs) * len(lengths)
+        assert len(topics) >= need, f"{len(topics)} topic words, {need} needed: fewer rounds"
         for r in range(args.rounds):
             order = configs[r % len(configs) :] + configs[: r % len(configs)]  # rotate
             for config in order:
                 for length in lengths:
                     res = asyncio.run(
-                        burst(gateways[config], texts[length], args.clients, args.seconds)
+                        burst(gateways[config], texts[length], args.clients, args.seconds, topics)
                     )
                     runs.setdefault((config, length), []).append(res)
                     print(r, config, length, {k: round(v, 1) for k, v in res.items()}, flush=True)
@@ -234,14 +261,15 @@ def main() -> None:
         for length in lengths
     ]  # fmt: skip
     print("\n| workers x batch | questions | hits/s (16 clients) | p50 / p99 ms | one-client hit "
-          "p50 ms | miss p50: semantic on / off ms | miss in a new conversation: on / off ms "
-          "| served |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "p50 ms | miss p50: semantic on / off ms | miss, new topic: on / off ms "
+          "| miss in a new conversation: on / off ms | served |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for config, length, r in rows:
         print(
             f"| {config} | {length} | {r['hits_per_s']:.0f} | {r['p50_ms']:.1f} / "
             f"{r['p99_ms']:.1f} | {r['one_hit_p50_ms']:.1f} | {r['miss_sem_p50_ms']:.1f} / "
-            f"{r['miss_plain_p50_ms']:.1f} | {r['miss_conv_p50_ms']:.1f} / "
+            f"{r['miss_plain_p50_ms']:.1f} | {r['miss_topic_p50_ms']:.1f} / "
+            f"{r['miss_topic_plain_p50_ms']:.1f} | {r['miss_conv_p50_ms']:.1f} / "
             f"{r['miss_conv_plain_p50_ms']:.1f} | {r['served_share']:.0%} |"
         )
 

@@ -22,13 +22,18 @@ import re
 
 import numpy as np
 
-#: Short, frequent words that say nothing of what a question asks.
+#: Short, frequent words, and the verbs and fillers of any request ("tell me", "the best way"),
+#: that say nothing of what a question is about: in a context holding many questions, they would
+#: relate every new one to it.
 STOPWORDS = frozenset(
     """a about all am an and any are as at be been being but by can could did do does doing for
     from had has have having he her here hers him his how i if in into is it its itself just me
     more most my no nor not of on once only or our ours out over own same she should so some such
     than that the their them then there these they this those through to too very was we were what
-    when where which while who whom why will with would you your yours""".split()  # noqa: SIM905
+    when where which while who whom why will with would you your yours
+    also anything better best describe difference does explain find get give good help know like
+    list make many mean means much need new one please really show something still tell thing
+    things use using want way ways well write""".split()  # noqa: SIM905
 )
 _WORD = re.compile(r"[a-z0-9]+")
 #: Words are compared by their first letters: "encrypt", "encrypted" and "encryption" are one,
