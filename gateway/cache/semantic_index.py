@@ -27,10 +27,15 @@ import faiss
 import numpy as np
 
 from gateway.cache.word_gate import WordGate, slots_for
+from gateway.infra.malloc import trim
 
 #: Bookkeeping per entry beyond text and response: the Entry object, its id string, its slots in
-#: the LRU dict, the row dict and the expiry heap (measured with tracemalloc, rounded up).
-_ENTRY_OVERHEAD = 640
+#: the LRU dict, the row dict and the expiry heap (measured with tracemalloc, rounded up), plus
+#: what the C allocator keeps per entry under eviction churn, trims included (RSS 4.1 KB per
+#: entry against 3.5 KB counted without it: loadtests/semantic_memory.py --max-mb 64).
+_ENTRY_OVERHEAD = 640 + 700
+#: Removals between two trims of the C allocator's free memory (`gateway.infra.malloc`).
+_TRIM_EVERY = 4096
 #: Fixed cost of a namespace: its dict slot, key string, _Space object, id list, array header.
 _SPACE_OVERHEAD = 480
 _NO_VECTOR = np.zeros(0, dtype=np.float32)
@@ -134,6 +139,7 @@ class SemanticIndex:
         # Fixed size, counted once: which namespaces hold which content words (`unrelated`).
         self.words = WordGate(slots_for(max_entries, max_bytes))
         self.nbytes = self.words.nbytes
+        self._removed = 0
         self.evicted = 0
         self.expired = 0
 
@@ -213,6 +219,9 @@ class SemanticIndex:
             self.nbytes -= before - space.nbytes
         self.nbytes -= entry.nbytes
         self.words.remove(entry.namespace, entry.text)
+        self._removed += 1
+        if self._removed % _TRIM_EVERY == 0:
+            trim()  # churn leaves freed pages in the allocator: give them back
         return True
 
     def expire(self, now: float) -> int:

@@ -221,7 +221,9 @@ async def test_memory_bound_evicts_least_recently_used(worker: AsyncEmbedder) ->
     assert len(cache.index) == 3 and cache.stats()["evicted"] == 1
     assert (await cache.lookup(NS, questions[1])).outcome == "miss"
     assert (await cache.lookup(NS, questions[0])).outcome == "hit"
-    small = SemanticCache(_settings(max_bytes=3 * (2 * 1536 + 256 + 1100)), worker=worker)
+    # Three entries (their allocator allowance included) and the word gate's smallest table.
+    bound = 3 * (2 * 1536 + 256 + 1100 + 700) + 1024
+    small = SemanticCache(_settings(max_bytes=bound), worker=worker)
     for i, q in enumerate([*questions, "Why is the sky blue?"]):
         await small.store(NS, q, bytes(1000 + i))
     assert len(small.index) == 3 and small.index.nbytes <= small.settings.max_bytes

@@ -92,3 +92,20 @@ def test_the_index_counts_the_table_and_answers_for_its_namespaces() -> None:
     small.add(Entry("e1", "ns", "reset password", vec, b"a", 1e12), 0.0)
     small.add(Entry("e2", "ns", "planets rings", vec, b"b", 1e12), 0.0)
     assert small.evicted == 1 and small.unrelated("ns", "reset password")
+
+
+def test_evictions_give_freed_memory_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every _TRIM_EVERY removals the C allocator's free pages are released (`malloc_trim`):
+    under eviction churn RSS had grown 35% past the count."""
+    import gateway.cache.semantic_index as si
+    from gateway.infra.malloc import trim
+
+    trim()  # callable here (glibc), a no-op elsewhere
+    calls: list[int] = []
+    monkeypatch.setattr(si, "trim", lambda: calls.append(1))
+    monkeypatch.setattr(si, "_TRIM_EVERY", 10)
+    index = si.SemanticIndex(4, 5, 10**6)
+    vec = np.array([1, 0, 0, 0], dtype=np.float32)
+    for i in range(35):
+        index.add(si.Entry(f"e{i}", f"ns{i}", f"question {i}", vec, b"a", 1e12), 0.0)
+    assert index.evicted == 30 and len(calls) == 3
