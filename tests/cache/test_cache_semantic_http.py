@@ -31,13 +31,16 @@ def ask(gw, question: str, key: str = "key-1", earlier: list[dict] | None = None
     return r
 
 
-def eventually_hit(gw, question: str, **kw) -> httpx.Response:
-    """Entries are stored in the background: poll briefly for the hit."""
+def eventually_hit(gw, question: str, missed: list | None = None, **kw) -> httpx.Response:
+    """Entries are stored in the background: poll briefly for the hit. The answers of the asks
+    that missed (stored too) go to `missed`."""
     deadline = time.monotonic() + 5
     while True:
         r = ask(gw, question, **kw)
         if r.headers["x-gateway-cache"] == "hit-semantic" or time.monotonic() > deadline:
             return r
+        if missed is not None:
+            missed.append(r.json())
         time.sleep(0.1)
 
 
@@ -50,10 +53,11 @@ def gw(fleet, gateway, redis_url, redis_prefix, monkeypatch):
 def test_paraphrase_hits_near_miss_does_not(gw) -> None:
     first = ask(gw, "How do I reset my password?")
     assert first.headers["x-gateway-cache"] == "miss"
-    hit = eventually_hit(gw, "I forgot my password, how can I reset it?")
+    missed: list = []  # asked before the first answer was stored: their answers are stored too
+    hit = eventually_hit(gw, "I forgot my password, how can I reset it?", missed)
     assert hit.headers["x-gateway-cache"] == "hit-semantic"
     assert float(hit.headers["x-gateway-cache-similarity"]) >= 0.8
-    assert hit.json() == first.json()
+    assert hit.json() in [first.json(), *missed]
     ask(gw, "How many bags can I check on a flight to Paris?")
     eventually_hit(gw, "How many bags can I check on a flight to Paris")  # warm the entry
     assert (
