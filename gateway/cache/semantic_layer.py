@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.cache")
 _NOT_PARAMS = IGNORED_FIELDS | {"messages", "model"}
+#: A question is raced only where its upstream answers in more than this many lookups' time.
+RACE_MARGIN = 2.0
+MAX_ROUTES = 1024
+_ALPHA = 0.2
+
+
+def _ewma(old: float | None, sample: float) -> float:
+    return sample if old is None else old + _ALPHA * (sample - old)
 
 
 @dataclass(slots=True)
@@ -34,6 +43,8 @@ class SemanticPlan:
     refresh: bool = False
     streamed: bool = False
     """The client asked for a stream: never raced (`race_unrelated` is for unary answers)."""
+    route: str = ""
+    """Where the routing decision sends it: its upstream's answer time is kept per route."""
     pending: Any = None
     hit_id: str | None = None
     """The entry the lookup served (to drop it when it is not a valid answer)."""
@@ -67,6 +78,10 @@ class SemanticLayer:
         cancelled)."""
         self.early = 0
         """Lookups raced from the start: no cached question in the context shares a word."""
+        self._lookup_s: float | None = None
+        """A lookup's time when it embeds a new question (an EWMA over misses)."""
+        self._upstream_s: dict[str, float] = {}
+        """A unary answer's time from its upstream, per route (EWMAs)."""
 
     @property
     def ready(self) -> bool:
@@ -132,6 +147,7 @@ class SemanticLayer:
             route.threshold,
             route.ttl_s,
             streamed=bool(body.get("stream")),
+            route=routed,
         )
 
     async def lookup(self, plan: SemanticPlan) -> tuple[bytes, float] | None:
@@ -140,14 +156,19 @@ class SemanticLayer:
         With `lookup_budget_ms`, a lookup still running after the budget is left in
         `plan.pending` and None is returned: the caller starts the upstream call and may race it
         against the lookup (`late_result`). So is, at once, a unary request's lookup whose
-        question shares no word with any question cached in its context (`race_unrelated`).
+        question shares no word with any question cached in its context (`race_unrelated`),
+        where its upstream is known to answer slower than a lookup (so no hit is lost).
         """
         assert self.cache is not None
         budget = self.settings.lookup_budget_ms / 1000
+        searched = self.cache.index.has_namespace(plan.namespace)  # else no embedding: not timed
         task = asyncio.ensure_future(self.cache.lookup(plan.namespace, plan.text, plan.threshold))
+        if searched:
+            task.add_done_callback(self._timer(time.perf_counter()))
         if (
             self.settings.race_unrelated
             and not plan.streamed
+            and self._upstream_slower(plan.route)
             and self.cache.index.unrelated(plan.namespace, plan.text)
         ):
             self.early += 1
@@ -160,6 +181,28 @@ class SemanticLayer:
                 plan.pending = task
                 return None
         return self._count(plan, await task)
+
+    def _upstream_slower(self, route: str) -> bool:
+        """Whether the route's upstream answers in more than `RACE_MARGIN` lookups' time: a raced
+        lookup then still answers first, so racing costs no hit. Unknown (no answer or no lookup
+        timed yet): no."""
+        upstream, lookup = self._upstream_s.get(route), self._lookup_s
+        return upstream is not None and lookup is not None and upstream > RACE_MARGIN * lookup
+
+    def _timer(self, start: float) -> Any:
+        def done(task: asyncio.Future[Any]) -> None:
+            if task.cancelled() or task.exception() is not None:
+                return
+            if task.result().outcome in ("miss", "rejected"):  # a new question: it embedded
+                self._lookup_s = _ewma(self._lookup_s, time.perf_counter() - start)
+
+        return done
+
+    def observe_upstream(self, route: str, seconds: float) -> None:
+        """A unary answer came from the route's upstream in `seconds`."""
+        if route not in self._upstream_s and len(self._upstream_s) >= MAX_ROUTES:
+            self._upstream_s.clear()  # routes come from the policy: only a reload changes them
+        self._upstream_s[route] = _ewma(self._upstream_s.get(route), seconds)
 
     def late_result(self, plan: SemanticPlan) -> tuple[bytes, float] | None:
         """What a late lookup found, once `plan.pending` is done (counted like any lookup)."""

@@ -1,9 +1,11 @@
 """A question that shares no content word with any question cached in its context goes upstream
-at once, racing its lookup (`semantic_cache.race_unrelated`, on by default): a miss does not wait
-for its embedding, and the lookup still serves a paraphrase that answers before the upstream.
+at once, racing its lookup (`semantic_cache.race_unrelated`, on by default), where its upstream
+has answered in more than twice a lookup's time: a miss does not wait for its embedding, and the
+lookup still serves a paraphrase before the upstream answers. Against an upstream faster than a
+lookup nothing is raced, so no hit is lost.
 
-Real gateway, real embedder and verifier, the project's simulators (`a`: answers in a few ms;
-`slow`: ~400 ms for 8 tokens, made 5 s slower where the race is shown), through the HTTP API.
+Real gateway, real embedder and verifier, the project's simulators through the HTTP API: `slow`
+(~400 ms for 8 tokens; made slower or unreachable where shown), `zero` (no delay at all).
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import httpx
 import pytest
 
 from tests.cache.test_cache_semantic_namespaces import _metric, ask, two_aliases
+from tests.conftest import DEFAULT_FLEET
 from tests.support import GatewayServer, poll
 
 pytest.importorskip("faiss", reason="the semantic extra is not installed")
 
+FLEET: list[Any] = [*DEFAULT_FLEET, {"name": "zero", "profile": "zero-latency"}]
 EARLY = 'gateway_semantic_lookups_total{guard="",outcome="early"}'
 RACED = 'gateway_semantic_lookups_total{guard="",outcome="late_hit_raced"}'
 STORED = 'gateway_semantic_stores_total{outcome="stored"'
@@ -37,14 +41,22 @@ def stored(gw: GatewayServer, question: str, ns: str) -> dict[str, Any]:
     return first.json()
 
 
+def timed(gw: GatewayServer, ns: str, related: str) -> None:
+    """A question sharing words with the cached one (waited for, a miss): the gateway has now
+    timed a lookup that embeds and an answer of the upstream."""
+    r = ask(gw, related, namespace=ns)
+    assert r.headers["x-gateway-cache"] == "miss"
+    assert _metric(gw, EARLY) == 0
+
+
 def test_an_unrelated_question_goes_upstream_at_once(fleet: Any) -> None:
-    with GatewayServer(two_aliases(fleet.url("a"))) as gw:
+    with GatewayServer(two_aliases(fleet.url("slow"))) as gw:
         ns = f"race-{uuid.uuid4().hex}"
         answer = stored(gw, "What is the best time of year to visit Iceland?", ns)
-        early = _metric(gw, EARLY)
+        timed(gw, ns, "What is the cheapest time of year to fly to Iceland?")
         other = ask(gw, "Which planets have rings?", namespace=ns)
         assert other.headers["x-gateway-cache"] == "miss" and other.json() != answer
-        assert _metric(gw, EARLY) == early + 1
+        assert _metric(gw, EARLY) == 1
         # A question sharing words waits for its lookup (and is served).
         r = ask(gw, "When is the best time of the year to visit Iceland?", namespace=ns)
         assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
@@ -61,11 +73,7 @@ def test_an_unrelated_question_goes_upstream_at_once(fleet: Any) -> None:
         headers = {"authorization": "Bearer key-1", "x-gateway-cache-namespace": ns}
         s = httpx.post(gw.base_url + "/chat/completions", json=body, headers=headers, timeout=30)
         assert s.status_code == 200 and "[DONE]" in s.text
-        assert _metric(gw, EARLY) == early + 1
-        # Its own question again: shares its words now, waits, and is served.
-        again = ask(gw, "Which planets have rings?", namespace=ns)
-        assert _metric(gw, EARLY) == early + 1
-        assert again.headers["x-gateway-cache"] in ("hit-semantic", "miss")
+        assert _metric(gw, EARLY) == 1
 
 
 def test_an_unrelated_paraphrase_still_wins_against_a_slow_upstream(fleet: Any) -> None:
@@ -75,32 +83,45 @@ def test_an_unrelated_paraphrase_still_wins_against_a_slow_upstream(fleet: Any) 
     with GatewayServer(two_aliases(fleet.url("slow"))) as gw:
         ns = f"race-{uuid.uuid4().hex}"
         answer = stored(gw, "How old are you?", ns)
-        early, raced = _metric(gw, EARLY), _metric(gw, RACED)
+        timed(gw, ns, "How old is the Eiffel Tower?")
         fleet.set_faults("slow", slow_first_token_ms=5000)
         try:
             r = ask(gw, "What is your age?", namespace=ns)
         finally:
             fleet.clear_faults("slow")
         assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
-        assert (_metric(gw, EARLY), _metric(gw, RACED)) == (early + 1, raced + 1)
+        assert (_metric(gw, EARLY), _metric(gw, RACED)) == (1, 1)
         ctx = poll(lambda: next((c for c in gw.seen if c.cache == "hit-semantic"), None))
         assert ctx.status == 200 and not ctx.cost_usd  # a hit: the cancelled call is not billed
 
 
+def test_nothing_is_raced_against_an_upstream_faster_than_a_lookup(fleet: Any) -> None:
+    """The zero-latency upstream answers before any lookup could: racing would lose the hit,
+    so the unrelated paraphrase waits for its lookup and is served."""
+    with GatewayServer(two_aliases(fleet.url("zero"))) as gw:
+        ns = f"race-{uuid.uuid4().hex}"
+        answer = stored(gw, "How old are you?", ns)
+        timed(gw, ns, "How old is the Eiffel Tower?")
+        r = ask(gw, "What is your age?", namespace=ns)
+        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+        assert _metric(gw, EARLY) == 0
+
+
 def test_race_unrelated_off_waits_for_every_lookup(fleet: Any) -> None:
-    policy = two_aliases(fleet.url("a"), "semantic_cache: {race_unrelated: false}\n")
+    policy = two_aliases(fleet.url("slow"), "semantic_cache: {race_unrelated: false}\n")
     with GatewayServer(policy) as gw:
         ns = f"race-{uuid.uuid4().hex}"
         answer = stored(gw, "How old are you?", ns)
+        timed(gw, ns, "How old is the Eiffel Tower?")
         r = ask(gw, "What is your age?", namespace=ns)
-        # Waited for: served even though the upstream answers in a few ms.
         assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
         assert _metric(gw, EARLY) == 0
 
 
 def test_an_outage_does_not_lose_a_raced_paraphrase(fleet: Any) -> None:
-    """The upstream fails at once (connection refused, one attempt): the raced lookup is waited
-    for and its paraphrase served, as it would have been had the request waited for it."""
+    """The upstream, timed slow, then fails at once (connection refused, one attempt): the raced
+    lookup is waited for and its paraphrase served, as it would have been had the request
+    waited for it."""
     from tests.support import SEMANTIC_ONLY, TWO_TENANTS, policy
 
     text = policy({"c": fleet.url("c")}, auth=TWO_TENANTS, alias=SEMANTIC_ONLY,
@@ -108,12 +129,13 @@ def test_an_outage_does_not_lose_a_raced_paraphrase(fleet: Any) -> None:
     try:
         with GatewayServer(text) as gw:
             ns = f"race-{uuid.uuid4().hex}"
+            fleet.set_faults("c", slow_first_token_ms=300)
             answer = stored(gw, "How old are you?", ns)
+            timed(gw, ns, "How old is the Eiffel Tower?")
             fleet.set_faults("c", refuse_connections=True)
-            early, raced = _metric(gw, EARLY), _metric(gw, RACED)
             r = ask(gw, "What is your age?", namespace=ns)
             assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
-            assert (_metric(gw, EARLY), _metric(gw, RACED)) == (early + 1, raced + 1)
+            assert (_metric(gw, EARLY), _metric(gw, RACED)) == (1, 1)
             # An unrelated question is not a paraphrase: the outage's error, in OpenAI's shape.
             body = {"model": "chat", "messages": [{"role": "user", "content": "Which planets "
                     "have rings?"}], "temperature": 0, "max_tokens": 8}  # fmt: skip

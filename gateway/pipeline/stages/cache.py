@@ -245,6 +245,7 @@ class Cache:
                 return hit
         call.want_completion = True
         pending = plan.semantic.pending if plan.semantic is not None else None
+        started = time.perf_counter()
         try:
             if pending is not None and not acc.stream:
                 response = await self._race(call, next, plan, pending)
@@ -252,6 +253,9 @@ class Cache:
                     return response
             else:
                 response = await next(call)
+            if plan.semantic is not None and not acc.stream and response.status_code == 200:
+                # What waiting for a lookup would add to this route's answers (race_unrelated).
+                self.semantic.observe_upstream(plan.semantic.route, time.perf_counter() - started)
         except GatewayError as e:
             self._abort(plan, e)
             raise
