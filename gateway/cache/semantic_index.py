@@ -10,9 +10,10 @@ rewrites the whole index: TTL expiry and LRU eviction happen on every insert onc
 full, so deletes must be cheap.
 
 Every byte is counted against `max_bytes`: entries (text, response, bookkeeping), each
-namespace's matrix at its allocated capacity plus its fixed cost, and the word gate's fixed table. Most namespaces hold one entry
-(every conversation context is its own namespace), so a matrix starts at one row and doubles;
-a namespace disappears with its last entry, and cold namespaces empty through LRU eviction.
+namespace's matrix at its allocated capacity plus its fixed cost, and the word gate's fixed
+table. Most namespaces hold one entry (every conversation context is its own namespace), so a
+matrix starts at one row and doubles; a namespace disappears with its last entry, and cold
+namespaces empty through LRU eviction.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -189,7 +190,7 @@ class SemanticLayer:
         upstream, lookup = self._upstream_s.get(route), self._lookup_s
         return upstream is not None and lookup is not None and upstream > RACE_MARGIN * lookup
 
-    def _timer(self, start: float) -> Any:
+    def _timer(self, start: float) -> Callable[[asyncio.Future[Any]], None]:
         def done(task: asyncio.Future[Any]) -> None:
             if task.cancelled() or task.exception() is not None:
                 return

@@ -49,6 +49,17 @@ def timed(gw: GatewayServer, ns: str, related: str) -> None:
     assert _metric(gw, EARLY) == 0
 
 
+def served_after_waiting(gw: GatewayServer) -> None:
+    """ "What is your age?" (no word shared with "How old are you?") waits for its lookup, which
+    serves it: nothing raced."""
+    ns = f"race-{uuid.uuid4().hex}"
+    answer = stored(gw, "How old are you?", ns)
+    timed(gw, ns, "How old is the Eiffel Tower?")
+    r = ask(gw, "What is your age?", namespace=ns)
+    assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+    assert _metric(gw, EARLY) == 0
+
+
 def test_an_unrelated_question_goes_upstream_at_once(fleet: Any) -> None:
     with GatewayServer(two_aliases(fleet.url("slow"))) as gw:
         ns = f"race-{uuid.uuid4().hex}"
@@ -99,23 +110,13 @@ def test_nothing_is_raced_against_an_upstream_faster_than_a_lookup(fleet: Any) -
     """The zero-latency upstream answers before any lookup could: racing would lose the hit,
     so the unrelated paraphrase waits for its lookup and is served."""
     with GatewayServer(two_aliases(fleet.url("zero"))) as gw:
-        ns = f"race-{uuid.uuid4().hex}"
-        answer = stored(gw, "How old are you?", ns)
-        timed(gw, ns, "How old is the Eiffel Tower?")
-        r = ask(gw, "What is your age?", namespace=ns)
-        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
-        assert _metric(gw, EARLY) == 0
+        served_after_waiting(gw)
 
 
 def test_race_unrelated_off_waits_for_every_lookup(fleet: Any) -> None:
     policy = two_aliases(fleet.url("slow"), "semantic_cache: {race_unrelated: false}\n")
     with GatewayServer(policy) as gw:
-        ns = f"race-{uuid.uuid4().hex}"
-        answer = stored(gw, "How old are you?", ns)
-        timed(gw, ns, "How old is the Eiffel Tower?")
-        r = ask(gw, "What is your age?", namespace=ns)
-        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
-        assert _metric(gw, EARLY) == 0
+        served_after_waiting(gw)
 
 
 def test_an_outage_does_not_lose_a_raced_paraphrase(fleet: Any) -> None:
