@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import re
+import string
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
@@ -37,20 +38,39 @@ class Redactor:
     redacted on its own.
     """
 
-    __slots__ = ("_bytes", "_edges", "_encoded", "_encoded_bytes", "_flat_edges", "_texts")
+    __slots__ = (
+        "_bytes",
+        "_edges",
+        "_encoded",
+        "_encoded_bytes",
+        "_given",
+        "_low_edges",
+        "_low_texts",
+        "_texts",
+    )
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         # Longest first, all kept: a key that begins with another key (two keys of one
         # account) is masked whole, not left with its tail after the shorter one's mask.
         given = {s for s in secrets if s and len(s) >= MIN_SECRET_LEN}
-        # A secret as a URL quotes it (`/`, `+`, `=` of a base64 key as `%2F`...): an answer
-        # quoting a request URL shows it so.
-        values = sorted(given | {v for s in given for v in url_forms(s)}, key=len)[::-1]
+        self._given = tuple(given)
+        # Every spelling masked: plain, URL-quoted (`/`, `+`, `=` of a base64 key as `%2F`...,
+        # as an answer quoting a request URL shows it), upper and lower case, hexadecimal; with
+        # the characters of its public prefix and how many spell one of the key's.
+        forms: dict[str, tuple[int, int]] = {}
+        for s in given:
+            for v in (s, *url_forms(s), *case_forms(s)):
+                forms.setdefault(v, (public_prefix_len(v), 1))
+            for h in hex_forms(s):
+                forms.setdefault(h, (2 * public_prefix_len(s), 2))
+        values = sorted(forms, key=len)[::-1]
         self._texts = tuple(values)
         self._bytes = tuple(v.encode() for v in values)
-        # Each secret's shortest start and end that count as part of it: once, per policy.
-        self._edges = tuple(edges(b) for b in self._bytes)
-        self._flat_edges = tuple(e for pair in self._edges for e in pair)
+        # Each spelling's shortest start and end that count as part of it: once, per policy.
+        self._edges = tuple(edges(v.encode(), *forms[v]) for v in values)
+        # Looked for in lower-cased bytes and text: one search finds a spelling in any case.
+        self._low_edges = tuple({e.lower(): None for pair in self._edges for e in pair})
+        self._low_texts = tuple({v.lower(): None for v in values})
         # An upstream may quote a key base64-encoded (an echoed `Basic` credential, a
         # decoded-then-re-encoded header): masked in error messages (`text`), whole unary
         # answers (`json`) and stream events (`encoded`, and the stream's text guard, which
@@ -59,7 +79,7 @@ class Redactor:
         self._encoded_bytes = tuple(c.encode() for c in self._encoded)
 
     def extended(self, more: Iterable[str]) -> Redactor:
-        return Redactor((*self._texts, *more))
+        return Redactor((*self._given, *more))
 
     @property
     def secret_bytes(self) -> tuple[bytes, ...]:
@@ -78,10 +98,17 @@ class Redactor:
     def encoded_bytes(self) -> tuple[bytes, ...]:
         return self._encoded_bytes
 
-    @property
-    def edge_bytes(self) -> tuple[bytes, ...]:
-        """Every secret's `edges`: an event holding none of them holds no secret nor part."""
-        return self._flat_edges
+    def may_hold(self, data: bytes) -> bool:
+        """Whether `data` may hold a secret or part of one: a spelling's `edges` (in any case)
+        or a base64 spelling. False is certain; True sends it to the masking (`bytes`...)."""
+        low = data.lower()
+        for edge in self._low_edges:
+            if edge in low:
+                return True
+        for s in self._encoded_bytes:  # noqa: SIM110 (a loop, not any(): per event)
+            if s in data:
+                return True
+        return False
 
     def __bool__(self) -> bool:
         return bool(self._bytes)
@@ -115,6 +142,8 @@ class Redactor:
         value: the body is then read as the decoded text). Where anything was masked, the
         answer's `logprobs` go too: their tokens spell the same text in pieces."""
         plain = orjson.dumps(doc) if has_escapes(body) else body
+        if not self.may_hold(plain):
+            return body
         masked = self.encoded(self.fragments(self.bytes(plain)))
         if masked == plain:
             return body
@@ -136,9 +165,23 @@ class Redactor:
     def text_fragments(self, text: str) -> str:
         """:meth:`fragments` for text; also masks any run of `MIN_SECRET_LEN` characters or
         more from inside a secret (error paths only: a key quoted without its prefix)."""
-        for s in (*self._texts, *self._encoded):
-            text = _mask_runs(text, s)
-        return text
+        # Plain spellings in any case (one search of the lower-cased text), base64 as it is.
+        low = _ascii_lower(text)
+        spans = [span for s in self._low_texts for span in _run_spans(low, s)]
+        spans += [span for s in self._encoded for span in _run_spans(text, s)]
+        return _mask_spans(text, spans, MASK)
+
+
+def case_forms(secret: str) -> set[str]:
+    """`secret` upper- and lower-cased (a model asked to shout, a log line folded to lower
+    case), where that differs from the secret."""
+    return {secret.upper(), secret.lower()} - {secret}
+
+
+def hex_forms(secret: str) -> set[str]:
+    """`secret`'s bytes in hexadecimal, lower and upper case (a key dumped as bytes)."""
+    text = secret.encode("utf-8", "surrogatepass").hex()
+    return {text, text.upper()}
 
 
 def url_forms(secret: str) -> set[str]:
@@ -202,10 +245,12 @@ def public_prefix_len(secret: str | bytes) -> int:
     return m.end() if m is not None and len(text) - m.end() >= MIN_SECRET_LEN else 0
 
 
-def edges(secret: bytes) -> tuple[bytes, bytes]:
+def edges(secret: bytes, public: int | None = None, width: int = 1) -> tuple[bytes, bytes]:
     """The shortest start and end of `secret` that count as part of it: its public prefix and
-    8 more characters, its last 8."""
-    return secret[: public_prefix_len(secret) + MIN_SECRET_LEN], secret[-MIN_SECRET_LEN:]
+    8 more characters, its last 8. `width` characters spell one of the key's (2 in hex)."""
+    if public is None:
+        public = public_prefix_len(secret)
+    return secret[: public + width * MIN_SECRET_LEN], secret[-width * MIN_SECRET_LEN :]
 
 
 def _mask_edges(data: bytes, secret: bytes, head: bytes, tail: bytes) -> bytes:
@@ -232,8 +277,8 @@ def _mask_edges(data: bytes, secret: bytes, head: bytes, tail: bytes) -> bytes:
     return _mask_spans(data, spans, _MASK_B)
 
 
-def _mask_runs(text: str, secret: str) -> str:
-    """Mask maximal runs of `text` of MIN_SECRET_LEN+ characters found anywhere in `secret`."""
+def _run_spans(text: str, secret: str) -> list[tuple[int, int]]:
+    """Where `text` holds runs of MIN_SECRET_LEN+ characters found anywhere in `secret`."""
     n = MIN_SECRET_LEN
     spans: list[tuple[int, int]] = []
     for i in range(len(secret) - n + 1):
@@ -242,7 +287,16 @@ def _mask_runs(text: str, secret: str) -> str:
         while pos >= 0:
             spans.append((pos, pos + n))
             pos = text.find(window, pos + 1)
-    return _mask_spans(text, spans, MASK) if spans else text
+    return spans
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def _ascii_lower(text: str) -> str:
+    """`text` lower-cased, character for character (positions in it are positions in `text`)."""
+    low = text.lower()
+    return low if len(low) == len(text) else text.translate(_ASCII_LOWER)
 
 
 def _mask_spans(data: Any, spans: list[tuple[int, int]], mask: Any) -> Any:

@@ -781,14 +781,12 @@ class StreamCheck:
         "chunks",
         "done",
         "_carry",
-        "_edges",
         "_endpoint",
         "_guard",
         "_last",
         "_limit",
         "_prev",
         "_redact",
-        "_secrets",
         "_size",
     )
 
@@ -799,13 +797,9 @@ class StreamCheck:
         self._endpoint = endpoint
         # The gateway's provider secrets (from a Redactor), replaced wherever they appear.
         self._redact = redact if redact else None
-        self._secrets: tuple[bytes, ...] = redact.secret_bytes if redact is not None else ()
-        # A secret's first and last bytes: an event holding either may hold the secret, or
-        # the part of it a stream cut between two events (masked by `Redactor.fragments`);
-        # and its base64 spellings, whole (cut ones are in texts: the text guard's).
-        self._edges = (*redact.edge_bytes, *redact.encoded_bytes) if redact is not None else ()
         # The text guard looks for the same spellings as a unary answer's redaction: plain,
-        # URL-quoted and base64 (standard and URL-safe, each alignment).
+        # URL-quoted, upper and lower case, hexadecimal and base64 (standard and URL-safe,
+        # each alignment).
         texts = (*redact.secret_texts, *redact.encoded_texts) if redact is not None else ()
         self._guard = TextGuard(texts) if texts and endpoint in ("chat", "completions") else None
         self._size = 0
@@ -842,10 +836,12 @@ class StreamCheck:
             or not block.isascii()
         ):
             return -1
-        if self._secrets:
-            for edge in self._edges:
-                if edge in block:
-                    return -1
+        if self._redact is not None:
+            # A secret's first and last bytes: a block holding either may hold the secret, or
+            # the part of it a stream cut between two events (`Redactor.fragments`); and its
+            # base64 spellings, whole (cut ones are in texts: the text guard's).
+            if self._redact.may_hold(block):
+                return -1
             if has_escapes(block):
                 return -1  # an escaped secret is found only once decoded
         guard = self._guard
@@ -959,9 +955,8 @@ class StreamCheck:
             masked = redact.encoded(redact.fragments(redact.bytes(plain)))
             if masked != plain:
                 return b"data: " + masked + b"\n\n"
-        for edge in self._edges:  # a secret holds its edges: no edge, no secret (nor part)
-            if edge in ev:
-                return redact.encoded(redact.fragments(redact.bytes(ev)))
+        if redact.may_hold(ev):  # a secret holds its edges: no edge, no secret (nor part)
+            return redact.encoded(redact.fragments(redact.bytes(ev)))
         return ev
 
     def _utf8(self, ev: bytes) -> bytes:
