@@ -1,6 +1,7 @@
 """The request's deadline: how long it may wait, in all, for its answer to start.
 
-The policy's `retry.deadline_s` bounds it; a client may shorten it (never lengthen it) with
+The policy's `retry.deadline_s` bounds it, and a model's own `models.<alias>.deadline_s` where
+shorter; a client may shorten it (never lengthen it) with
 `x-gateway-timeout`, in seconds. A value that is not a plain positive decimal number of at most
 `MAX_HEADER_CHARS` characters is ignored, as `x-gateway-cache-ttl`'s are. The deadline counts
 from the request's arrival, so time spent before the upstream attempts (limits, cache) is part
@@ -48,11 +49,18 @@ class Deadline:
 
 
 def request_deadline(
-    policy_s: float | None, headers: Mapping[str, str], ctx: Context
+    policy_s: float | None,
+    headers: Mapping[str, str],
+    ctx: Context,
+    model: tuple[str, float | None] = ("", None),
 ) -> Deadline | None:
-    """The request's deadline: the policy's, shortened by the client's header; None if neither
-    gives one. Counted from the request's arrival (`ctx.start`, a perf_counter reading)."""
+    """The request's deadline: the shortest of the policy's, the model's (`model`: the alias's
+    name and `deadline_s`) and the client's header; None if none gives one. Counted from the
+    request's arrival (`ctx.start`, a perf_counter reading)."""
     limit_s, source = policy_s, "retry.deadline_s"
+    alias, alias_s = model
+    if alias_s is not None and (limit_s is None or alias_s < limit_s):
+        limit_s, source = alias_s, f"models.{alias}.deadline_s"
     asked = header_seconds(headers.get(GATEWAY_HEADER))
     if asked is not None and (limit_s is None or asked < limit_s):
         limit_s, source = asked, GATEWAY_HEADER

@@ -115,7 +115,9 @@ def reference_problems(data: Mapping[str, Any]) -> list[Problem]:
 
     for pname, provider in providers.items():
         out.extend(_timeout_warnings(pname, _mapping(_mapping(provider).get("timeouts"))))
-    out.extend(_deadline_warnings(_mapping(data.get("retry")).get("deadline_s"), providers))
+    retry_deadline = _mapping(data.get("retry")).get("deadline_s")
+    out.extend(_deadline_warnings(retry_deadline, providers))
+    out.extend(_model_deadline_warnings(retry_deadline, models, pools, providers))
 
     for pname, pool in pools.items():
         pool = _mapping(pool)
@@ -213,6 +215,55 @@ def _deadline_warnings(deadline: Any, providers: dict[str, Any]) -> list[Problem
                     warning=True,
                 )
             )
+    return out
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _model_deadline_warnings(
+    retry_deadline: Any, models: dict[str, Any], pools: dict[str, Any], providers: dict[str, Any]
+) -> list[Problem]:
+    """A model's deadline that the policy's (shorter) always overrules never applies; a member
+    of the model's pools whose first_byte_s (given) is beyond it is cut instead of failed over."""
+    out = []
+    overall = _number(retry_deadline)
+    for name, alias in models.items():
+        alias = _mapping(alias)
+        deadline = _number(alias.get("deadline_s"))
+        if deadline is None:
+            continue
+        path = f"models.{name}.deadline_s"
+        if overall is not None and deadline >= overall:
+            out.append(
+                Problem(
+                    path,
+                    f"{deadline:g} s is not shorter than retry.deadline_s ({overall:g}): "
+                    "it never applies",
+                    warning=True,
+                )
+            )
+            continue
+        named = [alias.get("pool"), *_mapping(alias.get("routes")).values()]
+        members = {
+            m
+            for p in named
+            if isinstance(p, str)
+            for _, m in _strings(_mapping(pools.get(p)).get("members"))
+        }
+        for m in sorted(members):
+            timeouts = _mapping(_mapping(providers.get(m)).get("timeouts"))
+            first = _number(timeouts.get("first_byte_s"))
+            if first is not None and first > deadline:
+                out.append(
+                    Problem(
+                        path,
+                        f"{deadline:g} s is shorter than member {m}'s first_byte_s ({first:g}): "
+                        "a member that slow is cut by the deadline instead of failed over",
+                        warning=True,
+                    )
+                )
     return out
 
 

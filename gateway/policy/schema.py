@@ -37,7 +37,7 @@ from gateway.providers.settings import (
 from gateway.resilience.admission import QueueSettings
 from gateway.resilience.breaker import BreakerSettings
 from gateway.resilience.hedge import HedgeSettings
-from gateway.resilience.retry import RetrySettings
+from gateway.resilience.retry import MAX_DEADLINE_S, RetrySettings
 from gateway.routing.affinity import AffinitySettings
 from gateway.routing.balancer import BalancerSettings
 from gateway.routing.class_rules import ClassRule
@@ -294,6 +294,15 @@ class Alias(Strict):
         "alias",
         description="The `model` named in answers: the alias the client asked for, or the "
         "provider's own model id.",
+    )
+    deadline_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_DEADLINE_S,
+        allow_inf_nan=False,
+        description="This model's own request deadline (an interactive model's shorter than "
+        "a batch model's): the shorter of it and retry.deadline_s applies, and clients may "
+        "still shorten it (x-gateway-timeout). Null: retry.deadline_s alone.",
     )
 
 

@@ -28,6 +28,7 @@ from loadtests.simulator.testing import Fleet
 from tests.support import AccessLines, GatewayServer, poll, requests_at, validate
 
 DEADLINE_S = 0.9
+MODEL_DEADLINE_S = 0.5  # `quick`'s own, shorter than the policy's
 SLACK_S = 1.0  # a busy test machine: the bound checked is deadline + this
 FLEET = [
     "a",
@@ -72,6 +73,7 @@ pools:
   slowpool: {{members: [slow]}}
 models:
   chat: {{pool: main}}
+  quick: {{pool: main, deadline_s: {MODEL_DEADLINE_S}}}
   hedged: {{pool: hedged}}
   queued: {{pool: queued}}
   slowchat: {{pool: slowpool}}
@@ -195,6 +197,20 @@ def test_the_gateway_header_shortens_the_deadline(fleet: Fleet, gw: GatewayServe
     ctx = gw.seen[-1]
     # Cut before its own first-byte limit (0.35 s): settled as outrun, not as the member's failure.
     assert (ctx.attempts, ctx.failures) == (1, [])
+
+
+def test_a_models_own_deadline_is_shorter_than_the_policys(fleet: Fleet, gw: GatewayServer) -> None:
+    hang(fleet)
+    r, took = post(gw, model="quick")
+    assert MODEL_DEADLINE_S <= took < MODEL_DEADLINE_S + SLACK_S, took
+    assert_deadline_504(r, "models.quick.deadline_s")
+    assert "0.5 s" in r.json()["error"]["message"]
+    # The client's header still shortens it; another model keeps the policy's deadline.
+    r, took = post(gw, {"x-gateway-timeout": "0.15"}, model="quick")
+    assert_deadline_504(r, "x-gateway-timeout")
+    r, took = post(gw, model="chat")
+    assert took >= DEADLINE_S, took
+    assert_deadline_504(r, "retry.deadline_s")
 
 
 @pytest.mark.parametrize(

@@ -108,14 +108,15 @@ class Failover:
         self._reapers: set[asyncio.Task[None]] = set()
 
     async def __call__(self, call: Call, next: Next | None = None) -> Response:
-        ctx, acc, snap = call.ctx, call.sent, call.snap
-        deadline = request_deadline(snap.policy.retry.deadline_s, call.headers, ctx)
+        ctx, acc, snap, decision = call.ctx, call.sent, call.snap, call.decision
+        # The serving alias's own deadline (after a long prompt's hop to its longer-context
+        # alias: that alias's, as it is the one whose members answer).
+        model = (decision.alias_name, decision.alias.deadline_s)
+        deadline = request_deadline(snap.policy.retry.deadline_s, call.headers, ctx, model)
         with stage(ctx, "route"):
             if acc.stream:
-                return await self.stream(
-                    snap, acc, call.decision, ctx, call.want_completion, deadline
-                )
-            body, headers = await self.unary(snap, acc, call.decision, ctx, deadline)
+                return await self.stream(snap, acc, decision, ctx, call.want_completion, deadline)
+            body, headers = await self.unary(snap, acc, decision, ctx, deadline)
         return Response(body, headers={**headers, **ctx.headers()}, media_type=JSON)
 
     def retrier(self, snap: Snapshot) -> Retrier:
