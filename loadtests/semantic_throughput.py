@@ -11,8 +11,8 @@ off, vector memo off so every request really embeds its question) and `plain` (n
   interleaved, so "what a miss adds" is the difference of two medians taken side by side: new
   questions of one template ("Unrelated question <id> about topic <n>?": after the first, each
   shares words with those cached before it), new topics (words no cached question has, drawn
-  from the repository's written question sets: raced from the start with `race_unrelated`), and
-  the same in a new conversation (earlier turns never seen: an empty namespace, no embedding).
+  from the repository's written question sets: raced from the start with `race_unrelated`; also
+  streamed, timed to the first content chunk), and the same in a new conversation (earlier turns never seen: an empty namespace, no embedding).
 
 All configurations run at once and are measured in rotating turns (`--rounds`), so the load of
 the shared machine falls on each alike; the figures are medians over rounds.
@@ -84,7 +84,7 @@ def topic_words() -> list[str]:
     return out
 
 
-def body(model: str, text: str, earlier: str | None = None) -> bytes:
+def body(model: str, text: str, earlier: str | None = None, stream: bool = False) -> bytes:
     msg = [{"role": "user", "content": text}]
     if earlier is not None:  # a conversation: its earlier turns make its own namespace
         msg = [
@@ -92,7 +92,8 @@ def body(model: str, text: str, earlier: str | None = None) -> bytes:
             {"role": "assistant", "content": "Sure."},
             *msg,
         ]
-    return orjson.dumps({"model": model, "messages": msg, "temperature": 0, "max_tokens": 8})
+    doc = {"model": model, "messages": msg, "temperature": 0, "max_tokens": 8}
+    return orjson.dumps({**doc, "stream": True} if stream else doc)
 
 
 async def post(session: aiohttp.ClientSession, url: str, data: bytes) -> tuple[float, str]:
@@ -101,6 +102,19 @@ async def post(session: aiohttp.ClientSession, url: str, data: bytes) -> tuple[f
         await r.read()
         assert r.status == 200, r.status
         return time.perf_counter() - t, r.headers.get("x-gateway-cache", "")
+
+
+async def first_token(session: aiohttp.ClientSession, url: str, data: bytes) -> float:
+    """Seconds to a stream's first chunk carrying content (the rest is read, not timed)."""
+    t = time.perf_counter()
+    took = None
+    async with session.post(url, data=data, headers={"content-type": "application/json"}) as r:
+        assert r.status == 200, r.status
+        async for line in r.content:
+            if took is None and line.startswith(b"data: {") and b'"content":"' in line:
+                took = time.perf_counter() - t
+    assert took is not None, "no content chunk"
+    return took
 
 
 async def metrics_text(url: str) -> str:
@@ -128,12 +142,18 @@ async def burst(
     conn = aiohttp.TCPConnector(limit=clients + 2)
     async with aiohttp.ClientSession(connector=conn) as s:
         one_hit, miss_sem, miss_plain, miss_conv, miss_conv_plain = [], [], [], [], []
-        miss_topic, miss_topic_plain = [], []
+        miss_topic, miss_topic_plain, ttft_topic, ttft_topic_plain = [], [], [], []
         for i in range(20):
             a, b, c = topics.pop(), topics.pop(), topics.pop()
             t = f"Tell me about {a}, {b} and {c}."
             miss_topic.append((await post(s, url, body("sem", t)))[0])
             miss_topic_plain.append((await post(s, url, body("plain", t + " plain")))[0])
+            a, b, c = topics.pop(), topics.pop(), topics.pop()
+            t = f"Tell me about {a}, {b} and {c}."
+            ttft_topic.append(await first_token(s, url, body("sem", t, stream=True)))
+            ttft_topic_plain.append(
+                await first_token(s, url, body("plain", t + " plain", stream=True))
+            )
             one_hit.append((await post(s, url, body("sem", texts[i * 5 % len(texts)])))[0])
             q = f"Unrelated question {uuid.uuid4().hex[:8]} about topic {i}?"
             miss_sem.append((await post(s, url, body("sem", q)))[0])
@@ -169,6 +189,8 @@ async def burst(
         "miss_conv_plain_p50_ms": statistics.median(miss_conv_plain) * 1000,
         "miss_topic_p50_ms": statistics.median(miss_topic) * 1000,
         "miss_topic_plain_p50_ms": statistics.median(miss_topic_plain) * 1000,
+        "ttft_topic_p50_ms": statistics.median(ttft_topic) * 1000,
+        "ttft_topic_plain_p50_ms": statistics.median(ttft_topic_plain) * 1000,
     }
 
 
@@ -231,7 +253,7 @@ def main() -> None:
             for length in lengths:
                 asyncio.run(warm(gw, texts[length]))
         topics = topic_words()
-        need = 60 * args.rounds * len(configs) * len(lengths)
+        need = 120 * args.rounds * len(configs) * len(lengths)
         assert len(topics) >= need, f"{len(topics)} topic words, {need} needed: fewer rounds"
         for r in range(args.rounds):
             order = configs[r % len(configs) :] + configs[: r % len(configs)]  # rotate
@@ -262,14 +284,16 @@ def main() -> None:
     ]  # fmt: skip
     print("\n| workers x batch | questions | hits/s (16 clients) | p50 / p99 ms | one-client hit "
           "p50 ms | miss p50: semantic on / off ms | miss, new topic: on / off ms "
+          "| streamed, new topic: first token on / off ms "
           "| miss in a new conversation: on / off ms | served |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for config, length, r in rows:
         print(
             f"| {config} | {length} | {r['hits_per_s']:.0f} | {r['p50_ms']:.1f} / "
             f"{r['p99_ms']:.1f} | {r['one_hit_p50_ms']:.1f} | {r['miss_sem_p50_ms']:.1f} / "
             f"{r['miss_plain_p50_ms']:.1f} | {r['miss_topic_p50_ms']:.1f} / "
-            f"{r['miss_topic_plain_p50_ms']:.1f} | {r['miss_conv_p50_ms']:.1f} / "
+            f"{r['miss_topic_plain_p50_ms']:.1f} | {r['ttft_topic_p50_ms']:.1f} / "
+            f"{r['ttft_topic_plain_p50_ms']:.1f} | {r['miss_conv_p50_ms']:.1f} / "
             f"{r['miss_conv_plain_p50_ms']:.1f} | {r['served_share']:.0%} |"
         )
 

@@ -43,7 +43,7 @@ class SemanticPlan:
     vector: Any = None
     refresh: bool = False
     streamed: bool = False
-    """The client asked for a stream: never raced (`race_unrelated` is for unary answers)."""
+    """The client asked for a stream: raced against its upstream's first chunk, timed apart."""
     route: str = ""
     """Where the routing decision sends it: its upstream's answer time is kept per route."""
     pending: Any = None
@@ -81,8 +81,9 @@ class SemanticLayer:
         """Lookups raced from the start: no cached question in the context shares a word."""
         self._lookup_s: float | None = None
         """A lookup's time when it embeds a new question (an EWMA over misses)."""
-        self._upstream_s: dict[str, float] = {}
-        """A unary answer's time from its upstream, per route (EWMAs)."""
+        self._upstream_s: dict[tuple[str, bool], float] = {}
+        """Per route and streamed or not: the upstream's time to a unary answer, or to a
+        stream's first chunk (EWMAs)."""
 
     @property
     def ready(self) -> bool:
@@ -156,9 +157,10 @@ class SemanticLayer:
 
         With `lookup_budget_ms`, a lookup still running after the budget is left in
         `plan.pending` and None is returned: the caller starts the upstream call and may race it
-        against the lookup (`late_result`). So is, at once, a unary request's lookup whose
-        question shares no word with any question cached in its context (`race_unrelated`),
-        where its upstream is known to answer slower than a lookup (so no hit is lost).
+        against the lookup (`late_result`). So is, at once, a lookup whose question shares no
+        word with any question cached in its context (`race_unrelated`), where its upstream is
+        known to answer (a stream: to send its first chunk) slower than a lookup (so no hit is
+        lost).
         """
         assert self.cache is not None
         budget = self.settings.lookup_budget_ms / 1000
@@ -168,8 +170,7 @@ class SemanticLayer:
             task.add_done_callback(self._timer(time.perf_counter()))
         if (
             self.settings.race_unrelated
-            and not plan.streamed
-            and self._upstream_slower(plan.route)
+            and self._upstream_slower((plan.route, plan.streamed))
             and self.cache.index.unrelated(plan.namespace, plan.text)
         ):
             self.early += 1
@@ -183,7 +184,7 @@ class SemanticLayer:
                 return None
         return self._count(plan, await task)
 
-    def _upstream_slower(self, route: str) -> bool:
+    def _upstream_slower(self, route: tuple[str, bool]) -> bool:
         """Whether the route's upstream answers in more than `RACE_MARGIN` lookups' time: a raced
         lookup then still answers first, so racing costs no hit. Unknown (no answer or no lookup
         timed yet): no."""
@@ -199,8 +200,9 @@ class SemanticLayer:
 
         return done
 
-    def observe_upstream(self, route: str, seconds: float) -> None:
-        """A unary answer came from the route's upstream in `seconds`."""
+    def observe_upstream(self, plan: SemanticPlan, seconds: float) -> None:
+        """The plan's upstream answered (a stream: sent its first chunk) in `seconds`."""
+        route = (plan.route, plan.streamed)
         if route not in self._upstream_s and len(self._upstream_s) >= MAX_ROUTES:
             self._upstream_s.clear()  # routes come from the policy: only a reload changes them
         self._upstream_s[route] = _ewma(self._upstream_s.get(route), seconds)

@@ -73,12 +73,13 @@ class SemanticSettings(BaseModel):
     upstream (counted as a "late" lookup) and the lookup's vector is still used for the store.
     Bounds what a miss costs when the embedder is backed up. 0: always wait."""
     race_unrelated: bool = True
-    """A non-streamed question sharing no content word with any question cached in its context
+    """A question sharing no content word with any question cached in its context
     (`gateway/cache/word_gate.py`) starts its upstream call at once and races its lookup, which
     still serves a hit that comes first (the call then cancelled): such a question is nearly
     always a miss, and a miss then does not wait for its embedding. Only where the route's
-    upstream has answered in more than twice a lookup's time (EWMAs), so that the lookup still
-    answers first and no hit is lost. Counted as "early" lookups."""
+    upstream has answered (a stream: sent its first chunk) in more than twice a lookup's time
+    (EWMAs, streams timed apart), so that the lookup still answers first and no hit is lost.
+    Counted as "early" lookups."""
     queue_max: int = Field(default=256, ge=1)
     """Jobs waiting for the embedding thread; beyond this a lookup is a miss ("busy")."""
     refresh_wait_s: float = Field(default=10.0, ge=0, le=60)

@@ -10,6 +10,7 @@ Real gateway, real embedder and verifier, the project's simulators through the H
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.cache.test_cache_semantic_namespaces import _metric, ask, two_aliases
+from tests.cache.test_cache_semantic_namespaces import SYSTEM, _metric, ask, two_aliases
 from tests.conftest import DEFAULT_FLEET
 from tests.support import GatewayServer, poll
 
@@ -73,18 +74,63 @@ def test_an_unrelated_question_goes_upstream_at_once(fleet: Any) -> None:
         assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
         # A new context (no entry at all): a miss without embedding, not a race.
         ask(gw, "Which planets have rings?", namespace=f"race-{uuid.uuid4().hex}")
-        # Streams are never raced.
-        body = {
-            "model": "chat",
-            "messages": [{"role": "user", "content": "Which moons have oceans?"}],
-            "temperature": 0,
-            "max_tokens": 8,
-            "stream": True,
-        }
-        headers = {"authorization": "Bearer key-1", "x-gateway-cache-namespace": ns}
-        s = httpx.post(gw.base_url + "/chat/completions", json=body, headers=headers, timeout=30)
-        assert s.status_code == 200 and "[DONE]" in s.text
+        # Streams are timed apart (to their first chunk): the first unrelated one is not raced.
+        s = stream(gw, "Which moons have oceans?", ns)
+        assert s.headers["x-gateway-cache"] == "miss" and "[DONE]" in s.text
         assert _metric(gw, EARLY) == 1
+
+
+def stream(gw: GatewayServer, question: str, ns: str) -> httpx.Response:
+    body = {
+        "model": "chat",
+        "messages": [SYSTEM, {"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": 8,
+        "stream": True,
+    }
+    headers = {"authorization": "Bearer key-1", "x-gateway-cache-namespace": ns}
+    r = httpx.post(gw.base_url + "/chat/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _streamed_text(r: httpx.Response) -> str:
+    return "".join(
+        (json.loads(line[6:])["choices"] or [{}])[0].get("delta", {}).get("content") or ""
+        for line in r.text.splitlines()
+        if line.startswith("data: {")
+    )
+
+
+def test_an_unrelated_streamed_question_is_raced_to_its_first_chunk(fleet: Any) -> None:
+    """Streams are timed apart, to their first chunk (300 ms here). Once timed, an unrelated
+    streamed miss goes upstream at once, and an unrelated streamed paraphrase is still served
+    from the cache (replayed as a stream) before the upstream's first chunk, whose call is
+    cancelled."""
+    with GatewayServer(two_aliases(fleet.url("slow"))) as gw:
+        fleet.set_faults("slow", slow_first_token_ms=300)
+        try:
+            ns = f"race-{uuid.uuid4().hex}"
+            answer = stored(gw, "How old are you?", ns)
+            timed(gw, ns, "How old is the Eiffel Tower?")
+            # A streamed question sharing a word: waited for, a miss; the stream is timed.
+            assert stream(gw, "How old is the Colosseum?", ns).headers["x-gateway-cache"] == "miss"
+            assert _metric(gw, EARLY) == 0
+            r = stream(gw, "Which moons have oceans?", ns)
+            assert r.headers["x-gateway-cache"] == "miss" and "[DONE]" in r.text
+            assert _metric(gw, EARLY) == 1
+            fleet.set_faults("slow", slow_first_token_ms=5000)
+            start = time.monotonic()
+            r = stream(gw, "What is your age?", ns)
+            took = time.monotonic() - start
+        finally:
+            fleet.clear_faults("slow")
+        assert r.headers["x-gateway-cache"] == "hit-semantic", r.headers
+        assert _streamed_text(r) == answer["choices"][0]["message"]["content"]
+        assert "[DONE]" in r.text and took < 4, took
+        assert (_metric(gw, EARLY), _metric(gw, RACED)) == (2, 1)
+        ctx = poll(lambda: next((c for c in gw.seen if c.cache == "hit-semantic"), None))
+        assert ctx.status == 200 and not ctx.cost_usd  # a hit: the cancelled call is not billed
 
 
 def test_an_unrelated_paraphrase_still_wins_against_a_slow_upstream(fleet: Any) -> None:

@@ -2,7 +2,8 @@
 
 Before: a hit answers at once (as a stream when the client asked for one); the first of several
 identical requests leads, the others wait for its answer. A semantic lookup that outlasts its
-budget races the upstream call. After: a complete answer is stored (a stream's once it has ended,
+budget, or whose question shares no word with its context, races the upstream call (a stream's
+up to its first chunk). After: a complete answer is stored (a stream's once it has ended,
 in `on_finish`); an answer that never came releases the followers.
 """
 
@@ -247,15 +248,16 @@ class Cache:
         pending = plan.semantic.pending if plan.semantic is not None else None
         started = time.perf_counter()
         try:
-            if pending is not None and not acc.stream:
+            if pending is not None:
                 response = await self._race(call, next, plan, pending)
                 if ctx.cache == "hit-semantic":
                     return response
             else:
                 response = await next(call)
-            if plan.semantic is not None and not acc.stream and response.status_code == 200:
-                # What waiting for a lookup would add to this route's answers (race_unrelated).
-                self.semantic.observe_upstream(plan.semantic.route, time.perf_counter() - started)
+            if plan.semantic is not None and response.status_code == 200:
+                # What waiting for a lookup would add to this route's answers (race_unrelated):
+                # a stream's reply is ready at its first chunk.
+                self.semantic.observe_upstream(plan.semantic, time.perf_counter() - started)
         except GatewayError as e:
             self._abort(plan, e)
             raise
@@ -357,10 +359,11 @@ class Cache:
         self, call: Call, next: Next, plan: CachePlan, lookup: asyncio.Future[Any]
     ) -> Response:
         """The semantic lookup outlasted its budget, or was raced from the start: the upstream
-        call starts now. If the lookup finds an answer first, that answer is served and the call
-        cancelled (one upstream call spent on a hit: counted in the `raced` lookups); so it is
-        when the call fails first (an outage: open breakers fail at once), as it would have been
-        had the request waited for its lookup."""
+        call starts now. If the lookup finds an answer first (for a stream: before the upstream's
+        first chunk, nothing sent yet), that answer is served and the call cancelled (one
+        upstream call spent on a hit: counted in the `raced` lookups); so it is when the call
+        fails first (an outage: open breakers fail at once), as it would have been had the
+        request waited for its lookup."""
         assert plan.semantic is not None
         ctx = call.ctx
         upstream = asyncio.ensure_future(next(call))
