@@ -83,6 +83,12 @@ def test_embeddings_hold_numbers() -> None:
     check_unary("embeddings", b'{"data":[{"embedding":[0.1, 2, -3e-5]}]}')
     with pytest.raises(InvalidAnswer):
         check_unary("embeddings", b'{"data":[{"embedding":[0.1, "x", 0.3]}]}')
+    # A boolean (a number to `sum`) in any item of a batch, the first or a later one.
+    for bad in (b"[true, 1.0]", b"[0.5, false]"):
+        with pytest.raises(InvalidAnswer):
+            check_unary("embeddings", b'{"data":[{"embedding":[0.1]},{"embedding":' + bad + b"}]}")
+        with pytest.raises(InvalidAnswer):
+            check_unary("embeddings", b'{"data":[{"embedding":' + bad + b'},{"embedding":[1]}]}')
 
 
 @pytest.mark.parametrize(
