@@ -51,7 +51,7 @@ pools:
 semantic_cache: {{workers: {workers}, batch_max: {batch}, vector_memo: {memo}, queue_max: 1024,
                  lookup_budget_ms: {budget}, embedder: {embedder}{race}}}
 models:
-  sem: {{pool: main, cache: {{exact: {{enabled: false}}, semantic: {{enabled: true}}}}}}
+  sem: {{pool: main, cache: {{exact: {{enabled: false}}, semantic: {{enabled: true{race_all}}}}}}}
   plain: {{pool: main, cache: {{exact: {{enabled: false}}}}}}
 """
 VERBS = ["reset", "back up", "recover", "update", "sync", "move", "share", "encrypt"]
@@ -200,8 +200,8 @@ def main() -> None:
         "--configs",
         default="1x1,1x8,2x1,2x8",
         help="WORKERSxBATCH, optional m (vector memo on), bMS (lookup budget), w (wait for every"
-        " lookup: race_unrelated off) and p (the packaged model instead of its int8 build), e.g."
-        " 1x8mb5, 2x8mw, 2x8p",
+        " lookup: race_unrelated off), a (the semantic alias races every lookup: race_all) and p"
+        " (the packaged model instead of its int8 build), e.g. 1x8mb5, 2x8mw, 2x8ma, 2x8p",
     )
     ap.add_argument("--lengths", default="short,long")
     ap.add_argument("--clients", type=int, default=16)
@@ -232,8 +232,8 @@ def main() -> None:
         base = stack.enter_context(baseline_tree(args.baseline)) if args.baseline else None
         gateways = {}
         for config in configs:  # all running at once, measured in turn: the same machine noise
-            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?(w?)(p?)(@base)?", config)
-            assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS][w][p]"
+            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?(w?)(a?)(p?)(@base)?", config)
+            assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS][w][a][p]"
             policy = folder / f"policy-{config.replace('@', '-')}.yaml"
             policy.write_text(
                 POLICY.format(
@@ -242,12 +242,13 @@ def main() -> None:
                     batch=m[2],
                     memo=4096 if m[3] else 0,
                     budget=m[4] or 0,
-                    embedder="onnx-packaged" if m[6] else "auto",
+                    embedder="onnx-packaged" if m[7] else "auto",
                     race=", race_unrelated: false" if m[5] else "",
+                    race_all=", race_all: true" if m[6] else "",
                 )
             )
             env = {"GATEWAY_ACCESS_LOG": "0"}
-            root = base if m[7] else None
+            root = base if m[8] else None
             gateways[config] = stack.enter_context(gateway_process(policy, env=env, root=root))
         for gw in gateways.values():
             for length in lengths:

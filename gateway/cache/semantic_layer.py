@@ -46,6 +46,8 @@ class SemanticPlan:
     """The client asked for a stream: raced against its upstream's first chunk, timed apart."""
     route: str = ""
     """Where the routing decision sends it: its upstream's answer time is kept per route."""
+    race_all: bool = False
+    """The alias races every lookup, not only unrelated questions' (`SemanticRoute.race_all`)."""
     pending: Any = None
     hit_id: str | None = None
     """The entry the lookup served (to drop it when it is not a valid answer)."""
@@ -150,6 +152,7 @@ class SemanticLayer:
             route.ttl_s,
             streamed=bool(body.get("stream")),
             route=routed,
+            race_all=route.race_all,
         )
 
     async def lookup(self, plan: SemanticPlan) -> tuple[bytes, float] | None:
@@ -158,9 +161,9 @@ class SemanticLayer:
         With `lookup_budget_ms`, a lookup still running after the budget is left in
         `plan.pending` and None is returned: the caller starts the upstream call and may race it
         against the lookup (`late_result`). So is, at once, a lookup whose question shares no
-        word with any question cached in its context (`race_unrelated`), where its upstream is
-        known to answer (a stream: to send its first chunk) slower than a lookup (so no hit is
-        lost).
+        word with any question cached in its context (`race_unrelated`), or any lookup of an
+        alias with `race_all`, where its upstream is known to answer (a stream: to send its
+        first chunk) slower than a lookup (so no hit is lost).
         """
         assert self.cache is not None
         budget = self.settings.lookup_budget_ms / 1000
@@ -169,9 +172,10 @@ class SemanticLayer:
         if searched:
             task.add_done_callback(self._timer(time.perf_counter()))
         if (
-            self.settings.race_unrelated
+            searched
+            and (plan.race_all or self.settings.race_unrelated)
             and self._upstream_slower((plan.route, plan.streamed))
-            and self.cache.index.unrelated(plan.namespace, plan.text)
+            and (plan.race_all or self.cache.index.unrelated(plan.namespace, plan.text))
         ):
             self.early += 1
             plan.pending = task

@@ -79,7 +79,7 @@ class SemanticSettings(BaseModel):
     always a miss, and a miss then does not wait for its embedding. Only where the route's
     upstream has answered (a stream: sent its first chunk) in more than twice a lookup's time
     (EWMAs, streams timed apart), so that the lookup still answers first and no hit is lost.
-    Counted as "early" lookups."""
+    Counted as "early" lookups. An alias's `cache.semantic.race_all` races every lookup."""
     queue_max: int = Field(default=256, ge=1)
     """Jobs waiting for the embedding thread; beyond this a lookup is a miss ("busy")."""
     refresh_wait_s: float = Field(default=10.0, ge=0, le=60)
@@ -105,3 +105,9 @@ class SemanticRoute(BaseModel):
     ttl_s: float | None = Field(default=None, gt=0)
     allow_nonzero_temperature: bool = False
     """Serve similar questions' answers to sampled (temperature > 0) requests too."""
+    race_all: bool = False
+    """Race every lookup of this alias against its upstream call, not only those of unrelated
+    questions (`semantic_cache.race_unrelated`), where the upstream has answered in more than
+    twice a lookup's time: no miss waits for its embedding, and a hit is still served first, but
+    each hit costs one upstream call started and cancelled (a provider may bill its prompt).
+    For interactive aliases in front of upstreams you run yourself."""

@@ -20,7 +20,7 @@ import pytest
 
 from tests.cache.test_cache_semantic_namespaces import SYSTEM, _metric, ask, two_aliases
 from tests.conftest import DEFAULT_FLEET
-from tests.support import GatewayServer, poll
+from tests.support import SEMANTIC_ONLY, GatewayServer, poll
 
 pytest.importorskip("faiss", reason="the semantic extra is not installed")
 
@@ -191,3 +191,38 @@ def test_an_outage_does_not_lose_a_raced_paraphrase(fleet: Any) -> None:
             assert bad.status_code >= 500 and "error" in bad.json(), bad.text
     finally:
         fleet.clear_faults("c")
+
+
+def test_an_alias_racing_every_lookup_still_serves_its_hits(fleet: Any) -> None:
+    """`cache.semantic.race_all`: every lookup of the alias races its upstream call (a question
+    sharing words with the cache too), where the upstream is slower than a lookup; a paraphrase
+    still wins (the call cancelled), a miss never waits. The other alias keeps the word gate."""
+    from tests.support import TWO_TENANTS, policy
+
+    racing = {"cache": {"exact": {"enabled": False},
+                        "semantic": {"enabled": True, "race_all": True}}}  # fmt: skip
+    text = policy({"p": fleet.url("slow")}, auth=TWO_TENANTS, alias=racing,
+                  models={"chat-b": {"pool": "main", **SEMANTIC_ONLY}})  # fmt: skip
+    with GatewayServer(text) as gw:
+        fleet.set_faults("slow", slow_first_token_ms=300)
+        try:
+            ns = f"race-{uuid.uuid4().hex}"
+            answer = stored(gw, "How old are you?", ns)
+            timed(gw, ns, "How old is the Eiffel Tower?")  # timed before any race: waited for
+            # Shares "old" with the cache: raced all the same, and a miss.
+            r = ask(gw, "How old is the Colosseum?", namespace=ns)
+            assert r.headers["x-gateway-cache"] == "miss"
+            assert (_metric(gw, EARLY), _metric(gw, RACED)) == (1, 0)
+            fleet.set_faults("slow", slow_first_token_ms=5000)
+            r = ask(gw, "How old are you, please?", namespace=ns)
+            assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+            assert (_metric(gw, EARLY), _metric(gw, RACED)) == (2, 1)
+            # Another alias without race_all: a question sharing words waits for its lookup.
+            b_ns = f"race-{uuid.uuid4().hex}"
+            fleet.set_faults("slow", slow_first_token_ms=300)
+            b = ask(gw, "How old are you?", namespace=b_ns, model="chat-b")
+            assert b.headers["x-gateway-cache"] == "miss"
+            ask(gw, "How old is the Colosseum?", namespace=b_ns, model="chat-b")
+            assert _metric(gw, EARLY) == 2
+        finally:
+            fleet.clear_faults("slow")
