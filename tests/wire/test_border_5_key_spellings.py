@@ -18,7 +18,7 @@ import pytest
 
 from gateway.redact import Redactor, sanitize_message
 from tests.support import GatewayServer
-from tests.wire.test_stream_border_4_encoded import _chat_events, _read, _text_events
+from tests.wire.test_stream_border_4_encoded import _read, stream_scripts
 from tests.wire.test_stream_border_upstream import Scripted, scripted_policy
 
 KEY = "sk-Zq8vN3xK7p/L2mW9rT4+yB6cD1fG5hJ0aE"
@@ -29,7 +29,7 @@ FORMS = {
     "HEX": KEY.encode().hex().upper(),
 }
 FIELDS = ["content", "reasoning_content", "tool_args", "text"]
-SIZES = [1, "two"]
+SIZES: list[int | str] = [1, "two"]
 MSG = [{"role": "user", "content": "hi"}]
 # What the client must not read: 8 characters of a spelling past the key's public prefix (`sk-`,
 # six hex digits).
@@ -66,18 +66,8 @@ def _unary_text(text: str) -> dict[str, Any]:
     return {"id": "c", "object": "text_completion", "created": 1, "model": "m", "choices": [choice]}
 
 
-SCRIPTS: dict[str, list[Any]] = {}
+SCRIPTS = stream_scripts(FORMS, FIELDS, SIZES)
 for _form, _text in FORMS.items():
-    for _size in SIZES:
-        for _field in FIELDS:
-            evs = (
-                _text_events(_text, _size)
-                if _field == "text"
-                else _chat_events(_field, _text, _size)
-            )
-            SCRIPTS[f"{_field}.{_form}.{_size}"] = (
-                [x for ev in evs for x in (ev, 0.0005)] if _size == 1 else [b"".join(evs)]
-            )
     SCRIPTS[f"content.{_form}.unary"] = [_unary_chat(_text, tool=False)]
     SCRIPTS[f"tool_args.{_form}.unary"] = [_unary_chat(_text, tool=True)]
     SCRIPTS[f"text.{_form}.unary"] = [_unary_text(_text)]

@@ -34,7 +34,7 @@ FORMS = {
     "url": quote(KEY, safe=""),
 }
 FIELDS = ["content", "reasoning_content", "refusal", "tool_args", "function_args", "text"]
-SIZES = [1, "two"]  # pieces of 1 character, or the form cut once in its middle
+SIZES: list[int | str] = [1, "two"]  # pieces of 1 character, or the form cut once in its middle
 MSG = [{"role": "user", "content": "hi"}]
 # Every run the client must not read: 8 characters of a spelling of the key (past `sk-`).
 SPELLINGS = [KEY[3:], quote(KEY, safe="")[3:], *base64_cores(KEY)]
@@ -80,19 +80,27 @@ def _text_events(text: str, size: int | str) -> list[bytes]:
     return [ev(p) for p in pieces] + [ev("", "stop"), sse(b"[DONE]")]
 
 
-SCRIPTS: dict[str, list[Any]] = {}
+def stream_scripts(
+    forms: dict[str, str], fields: list[str], sizes: list[int | str]
+) -> dict[str, list[Any]]:
+    """A stream per `field.form.size`: the form's text cut into pieces of that size, between
+    "before " and " after", in that field of a chat delta (or a completion's text)."""
+    out: dict[str, list[Any]] = {}
+    for form, text in forms.items():
+        for size in sizes:
+            for field in fields:
+                evs = (
+                    _text_events(text, size) if field == "text" else _chat_events(field, text, size)
+                )
+                # One event per read (1-character pieces) or all in one read (the block path).
+                out[f"{field}.{form}.{size}"] = (
+                    [x for ev in evs for x in (ev, 0.0005)] if size == 1 else [b"".join(evs)]
+                )
+    return out
+
+
+SCRIPTS = stream_scripts(FORMS, FIELDS, SIZES)
 for _form, _text in FORMS.items():
-    for _size in SIZES:
-        for _field in FIELDS:
-            evs = (
-                _text_events(_text, _size)
-                if _field == "text"
-                else _chat_events(_field, _text, _size)
-            )
-            # One event per read (1-character pieces) or all in one read (the block path).
-            SCRIPTS[f"{_field}.{_form}.{_size}"] = (
-                [x for ev in evs for x in (ev, 0.0005)] if _size == 1 else [b"".join(evs)]
-            )
     # A spelling whole in one event, in a field the text guard does not read (the chunk's id).
     SCRIPTS[f"id.{_form}.whole"] = [
         sse(chat_chunk({"role": "assistant", "content": "ok"}, id=f"chatcmpl-{_text}")),
