@@ -45,7 +45,6 @@ class Redactor:
         "_encoded_bytes",
         "_given",
         "_low_edges",
-        "_low_texts",
         "_texts",
     )
 
@@ -54,23 +53,22 @@ class Redactor:
         # account) is masked whole, not left with its tail after the shorter one's mask.
         given = {s for s in secrets if s and len(s) >= MIN_SECRET_LEN}
         self._given = tuple(given)
-        # Every spelling masked: plain, URL-quoted (`/`, `+`, `=` of a base64 key as `%2F`...,
-        # as an answer quoting a request URL shows it), upper and lower case, hexadecimal; with
-        # the characters of its public prefix and how many spell one of the key's.
+        # Every plain spelling: as configured, URL-quoted (`/`, `+`, `=` of a base64 key as
+        # `%2F`..., as an answer quoting a request URL shows it) and hexadecimal; with the
+        # characters of its public prefix and how many spell one of the key's. Kept lower-cased
+        # and looked for in lower-cased bytes and text: one search finds a spelling in any case
+        # (a key upper-cased, or capitalised at the start of a sentence).
         forms: dict[str, tuple[int, int]] = {}
         for s in given:
-            for v in (s, *url_forms(s), *case_forms(s)):
-                forms.setdefault(v, (public_prefix_len(v), 1))
-            for h in hex_forms(s):
-                forms.setdefault(h, (2 * public_prefix_len(s), 2))
+            for v in (s, *url_forms(s)):
+                forms.setdefault(v.lower(), (public_prefix_len(v), 1))
+            forms.setdefault(hex_form(s), (2 * public_prefix_len(s), 2))
         values = sorted(forms, key=len)[::-1]
         self._texts = tuple(values)
         self._bytes = tuple(v.encode() for v in values)
         # Each spelling's shortest start and end that count as part of it: once, per policy.
         self._edges = tuple(edges(v.encode(), *forms[v]) for v in values)
-        # Looked for in lower-cased bytes and text: one search finds a spelling in any case.
-        self._low_edges = tuple({e.lower(): None for pair in self._edges for e in pair})
-        self._low_texts = tuple({v.lower(): None for v in values})
+        self._low_edges = tuple({e: None for pair in self._edges for e in pair})
         # An upstream may quote a key base64-encoded (an echoed `Basic` credential, a
         # decoded-then-re-encoded header): masked in error messages (`text`), whole unary
         # answers (`json`) and stream events (`encoded`, and the stream's text guard, which
@@ -82,11 +80,8 @@ class Redactor:
         return Redactor((*self._given, *more))
 
     @property
-    def secret_bytes(self) -> tuple[bytes, ...]:
-        return self._bytes
-
-    @property
     def secret_texts(self) -> tuple[str, ...]:
+        """Every plain spelling, lower-cased (to look for in `ascii_lower` text), longest first."""
         return self._texts
 
     @property
@@ -114,10 +109,10 @@ class Redactor:
         return bool(self._bytes)
 
     def bytes(self, data: bytes) -> bytes:
-        for s in self._bytes:
-            if s in data:
-                data = data.replace(s, _MASK_B)
-        return data
+        """`data` with every plain spelling of a secret masked, in any case."""
+        low = data.lower()  # byte for byte: positions in it are positions in `data`
+        spans = [span for s in self._bytes for span in _find_all(low, s)]
+        return _mask_spans(data, spans, _MASK_B)
 
     def encoded(self, data: bytes) -> bytes:
         """`data` with every secret's base64 spellings masked."""
@@ -127,10 +122,9 @@ class Redactor:
         return data
 
     def text(self, text: str) -> str:
-        """`text` with every secret masked, in plain, URL-quoted and base64-encoded forms."""
-        for s in self._texts:
-            if s in text:
-                text = text.replace(s, MASK)
+        """`text` with every secret masked: its plain spellings in any case, base64 as it is."""
+        low = ascii_lower(text)
+        text = _mask_spans(text, [span for s in self._texts for span in _find_all(low, s)], MASK)
         for s in self._encoded:
             if s in text:
                 text = text.replace(s, MASK)
@@ -157,31 +151,27 @@ class Redactor:
 
     def fragments(self, data: bytes) -> bytes:
         """`data` with every secret's leading or trailing run of `MIN_SECRET_LEN` or more
-        characters masked (whole secrets are assumed replaced already)."""
+        characters masked, in any case (whole secrets are assumed replaced already)."""
+        low = data.lower()
+        spans = []
         for s, (head, tail) in zip(self._bytes, self._edges, strict=True):
-            data = _mask_edges(data, s, head, tail)
-        return data
+            spans += _edge_spans(low, s, head, tail)
+        return _mask_spans(data, spans, _MASK_B)
 
     def text_fragments(self, text: str) -> str:
         """:meth:`fragments` for text; also masks any run of `MIN_SECRET_LEN` characters or
         more from inside a secret (error paths only: a key quoted without its prefix)."""
         # Plain spellings in any case (one search of the lower-cased text), base64 as it is.
-        low = _ascii_lower(text)
-        spans = [span for s in self._low_texts for span in _run_spans(low, s)]
+        low = ascii_lower(text)
+        spans = [span for s in self._texts for span in _run_spans(low, s)]
         spans += [span for s in self._encoded for span in _run_spans(text, s)]
         return _mask_spans(text, spans, MASK)
 
 
-def case_forms(secret: str) -> set[str]:
-    """`secret` upper- and lower-cased (a model asked to shout, a log line folded to lower
-    case), where that differs from the secret."""
-    return {secret.upper(), secret.lower()} - {secret}
-
-
-def hex_forms(secret: str) -> set[str]:
-    """`secret`'s bytes in hexadecimal, lower and upper case (a key dumped as bytes)."""
-    text = secret.encode("utf-8", "surrogatepass").hex()
-    return {text, text.upper()}
+def hex_form(secret: str) -> str:
+    """`secret`'s bytes in hexadecimal (a key dumped as bytes; upper-case digits are the same
+    spelling to the case-blind search)."""
+    return secret.encode("utf-8", "surrogatepass").hex()
 
 
 def url_forms(secret: str) -> set[str]:
@@ -253,12 +243,22 @@ def edges(secret: bytes, public: int | None = None, width: int = 1) -> tuple[byt
     return secret[: public + width * MIN_SECRET_LEN], secret[-width * MIN_SECRET_LEN :]
 
 
-def _mask_edges(data: bytes, secret: bytes, head: bytes, tail: bytes) -> bytes:
-    """Mask maximal runs of `data` that are a prefix or a suffix of `secret`, at least as long as
+def _find_all(data: Any, needle: Any) -> list[tuple[int, int]]:
+    """Every place `needle` stands in `data` (overlapping ones too)."""
+    spans = []
+    pos = data.find(needle)
+    while pos >= 0:
+        spans.append((pos, pos + len(needle)))
+        pos = data.find(needle, pos + 1)
+    return spans
+
+
+def _edge_spans(data: bytes, secret: bytes, head: bytes, tail: bytes) -> list[tuple[int, int]]:
+    """Maximal runs of `data` that are a prefix or a suffix of `secret`, at least as long as
     its `edges` (a run of a key's public prefix alone, "sk-proj-", stays)."""
     n = len(tail)
     if head not in data and tail not in data:
-        return data
+        return []
     spans: list[tuple[int, int]] = []
     pos = data.find(head)
     while pos >= 0:
@@ -274,7 +274,7 @@ def _mask_edges(data: bytes, secret: bytes, head: bytes, tail: bytes) -> bytes:
             start, k = start - 1, k - 1
         spans.append((start, pos + n))
         pos = data.find(tail, pos + 1)
-    return _mask_spans(data, spans, _MASK_B)
+    return spans
 
 
 def _run_spans(text: str, secret: str) -> list[tuple[int, int]]:
@@ -293,7 +293,7 @@ def _run_spans(text: str, secret: str) -> list[tuple[int, int]]:
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
 
 
-def _ascii_lower(text: str) -> str:
+def ascii_lower(text: str) -> str:
     """`text` lower-cased, character for character (positions in it are positions in `text`)."""
     low = text.lower()
     return low if len(low) == len(text) else text.translate(_ASCII_LOWER)

@@ -23,7 +23,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.redact import MASK as REDACTED
-from gateway.redact import Redactor, has_escapes, public_prefix_len
+from gateway.redact import Redactor, ascii_lower, has_escapes, public_prefix_len
 from gateway.wire import answer_fields as fields
 from gateway.wire.answer_fields import InvalidAnswer
 from gateway.wire.sse import DONE, event_data, lf_lines
@@ -573,10 +573,11 @@ class TextGuard:
     HOLD_MIN = 4
 
     def __init__(self, secrets: tuple[str, ...]) -> None:
-        self.secrets = secrets
+        # Lower-cased, and looked for in lower-cased text: a key in any case is found.
+        self.secrets = tuple({x.lower(): None for x in secrets})
         # A secret's first HOLD_MIN characters: a text whose window holds none of them can
         # neither hold a secret nor end in the start of one (one scan each, the usual case).
-        self.heads = tuple({x[: self.HOLD_MIN] for x in secrets})
+        self.heads = tuple({x[: self.HOLD_MIN] for x in self.secrets})
         # What is kept of the text relayed: a secret begun there has fewer than HOLD_MIN of its
         # characters in it (a longer start is held back), so HOLD_MIN - 1 are enough.
         self.keep = self.HOLD_MIN - 1
@@ -625,6 +626,7 @@ class TextGuard:
 
     def _hold(self, text: str) -> int:
         """How many of `text`'s last characters may begin a secret (0 when fewer than HOLD_MIN)."""
+        text = ascii_lower(text)
         best = 0
         for secret in self.secrets:
             first, start = secret[0], max(0, len(text) - len(secret) + 1)
@@ -647,10 +649,9 @@ class TextGuard:
             if not text:
                 continue
             window = tails.get(key, "") + text
+            low = ascii_lower(window)
             for head in self.heads:
-                if head in window and (
-                    any(x in window for x in self.secrets) or self._hold(window)
-                ):
+                if head in low and (any(x in low for x in self.secrets) or self._hold(low)):
                     return False
             tails[key] = window[-keep:]
         self.last = doc
@@ -703,7 +704,7 @@ class TextGuard:
     def _mask(self, tail: str, text: str) -> str:
         """`text` with every part of a secret found in `tail + text` masked (the part in
         `tail` has gone already)."""
-        window, off = tail + text, len(tail)
+        window, off = ascii_lower(tail + text), len(tail)
         spans = []
         for secret in self.secrets:
             p = window.find(secret)
@@ -729,8 +730,9 @@ class TextGuard:
         characters past its public prefix ("sk-proj-" alone, as documentation writes it,
         goes out as it is)."""
         text = self.held.pop(key, "")
+        low = ascii_lower(text)
         for secret in self.secrets:
-            if secret.startswith(text) and len(text) >= public_prefix_len(secret) + 4:
+            if secret.startswith(low) and len(text) >= public_prefix_len(secret) + 4:
                 return REDACTED
         return text
 

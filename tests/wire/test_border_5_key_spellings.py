@@ -1,5 +1,6 @@
-"""A provider key quoted upper-cased, lower-cased or in hexadecimal (lower or upper case digits)
-in an answer is masked like the key itself: in a unary answer and in a stream, whole or cut
+"""A provider key quoted in any case (upper-cased, lower-cased, capitalised at the start of a
+sentence, cases swapped) or in hexadecimal (lower or upper case digits) in an answer is masked
+like the key itself: in a unary answer and in a stream, whole or cut
 into pieces of any size, in every text a chunk carries, through every API
 (/v1/chat/completions, /v1/completions, /v1/messages, /v1/responses).
 
@@ -25,6 +26,8 @@ KEY = "sk-Zq8vN3xK7p/L2mW9rT4+yB6cD1fG5hJ0aE"
 FORMS = {
     "upper": KEY.upper(),
     "lower": KEY.lower(),
+    "capitalised": "S" + KEY[1:],
+    "swapped": KEY.swapcase(),
     "hex": KEY.encode().hex(),
     "HEX": KEY.encode().hex().upper(),
 }
@@ -33,7 +36,10 @@ SIZES: list[int | str] = [1, "two"]
 MSG = [{"role": "user", "content": "hi"}]
 # What the client must not read: 8 characters of a spelling past the key's public prefix (`sk-`,
 # six hex digits).
-SPELLINGS = [KEY.upper()[3:], KEY.lower()[3:], FORMS["hex"][6:], FORMS["HEX"][6:]]
+SPELLINGS = [FORMS[f][3:] for f in ("upper", "lower", "swapped")] + [
+    FORMS["hex"][6:],
+    FORMS["HEX"][6:],
+]
 RUNS = {s[i : i + 8] for s in SPELLINGS for i in range(len(s) - 7)}
 
 
