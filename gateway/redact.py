@@ -4,7 +4,8 @@ Three tools, one concern:
 
 * :class:`Redactor` replaces the gateway's own provider secrets (API keys, configured header
   values, passwords in base URLs) wherever they appear in an upstream body or stream event it
-  relays. It matches exact byte strings: cheap enough for every relayed event.
+  relays, in any case. It searches byte strings in the lower-cased answer: cheap enough for
+  every relayed event.
 * :func:`sanitize_message` cleans an upstream error message before it is re-wrapped in the
   gateway's own error: besides the secrets, anything that looks like a bearer token or an API key,
   URLs and internal host names go. It runs on error paths only.

@@ -198,15 +198,21 @@ def _timeout_warnings(pname: str, timeouts: dict[str, Any]) -> list[Problem]:
     return out
 
 
+def _number(value: Any) -> float | None:
+    """A number given in the document (a boolean is not one), else None."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _deadline_warnings(deadline: Any, providers: dict[str, Any]) -> list[Problem]:
     """A member's first_byte_s (given) beyond the request deadline never applies: a member that
     slow is cut by the deadline (a 504) instead of failing over to the next one."""
-    if not isinstance(deadline, int | float) or isinstance(deadline, bool):
+    deadline = _number(deadline)
+    if deadline is None:
         return []
     out = []
     for pname, provider in providers.items():
-        first = _mapping(_mapping(provider).get("timeouts")).get("first_byte_s")
-        if isinstance(first, int | float) and not isinstance(first, bool) and first > deadline:
+        first = _number(_mapping(_mapping(provider).get("timeouts")).get("first_byte_s"))
+        if first is not None and first > deadline:
             out.append(
                 Problem(
                     f"providers.{pname}.timeouts.first_byte_s",
@@ -216,10 +222,6 @@ def _deadline_warnings(deadline: Any, providers: dict[str, Any]) -> list[Problem
                 )
             )
     return out
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _model_deadline_warnings(
