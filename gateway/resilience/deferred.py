@@ -424,13 +424,19 @@ class ReplayWorker:
         self._settled: dict[str, dict[str, Any] | None] = {}
         self._last_touch = 0.0
         self._task: asyncio.Task[None] | None = None
+        # Set by stop(): the loops end on it too, as a Redis client may swallow the
+        # cancellation (one racing a blocking read's own timeout comes out as that timeout,
+        # the read returns nothing, and the loop went on forever: stop() never returned).
+        self._stopping = False
         self._down = False
         self.completed = 0
 
     async def start(self) -> None:
+        self._stopping = False
         self._task = asyncio.create_task(self.run(), name=f"replay-{self.consumer}")
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -439,7 +445,7 @@ class ReplayWorker:
 
     async def run(self) -> None:
         failures = 0
-        while True:
+        while not self._stopping:
             try:
                 await self.run_once()
                 failures = 0
@@ -479,7 +485,8 @@ class ReplayWorker:
         # pace, not one request at a time (at most `batch` are held, so this stays bounded).
         # While they run (a long generation outlasts `claim_idle_ms`), the held entries are
         # refreshed, so that no other worker takes one for an orphan and replays it again.
-        keep_alive = asyncio.create_task(self._keep_alive())
+        ending = asyncio.Event()
+        keep_alive = asyncio.create_task(self._keep_alive(ending))
         try:
             # Every attempt ends before the next cycle (an error in one never leaves another
             # running while the next cycle sends its entry again).
@@ -487,6 +494,7 @@ class ReplayWorker:
                 *(self._attempt(eid) for eid in due), return_exceptions=True
             )
         finally:
+            ending.set()
             keep_alive.cancel()
             # Waited for without taking its CancelledError: a cancellation of this worker
             # arriving meanwhile must go through, never be swallowed (stop() would wait forever).
@@ -496,10 +504,11 @@ class ReplayWorker:
                 raise outcome
         return sum(o for o in outcomes if isinstance(o, int))
 
-    async def _keep_alive(self) -> None:
-        """Refresh the held entries every third of `claim_idle_ms` (until cancelled)."""
+    async def _keep_alive(self, ending: asyncio.Event) -> None:
+        """Refresh the held entries every third of `claim_idle_ms` (until cancelled, or
+        `ending` is set: a swallowed cancellation must not keep it going)."""
         period = self.settings.claim_idle_ms / 3000.0
-        while True:
+        while not ending.is_set():
             await asyncio.sleep(period)
             try:
                 await self.queue.touch(self.consumer, list(self._held))

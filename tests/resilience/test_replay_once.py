@@ -205,3 +205,29 @@ async def test_an_error_in_one_replay_never_leaves_another_to_be_sent_twice(
         await worker.stop()
     assert sends.count("slow") == 1
     assert sends.count("quick") == 2
+
+
+async def test_stop_returns_when_the_queue_swallows_the_cancellation() -> None:
+    """A queue client may swallow a cancellation: in one that races a blocking read's own
+    timeout, the cancellation comes out as that timeout and the read returns nothing (seen with
+    redis-py's XREADGROUP, and `asyncio.wait_for` in the in-process queue). The worker's loop
+    went on reading, and stop() never returned (a suite hung in a test's teardown)."""
+    swallowed = []
+
+    class Swallowing(MemoryReplayQueue):
+        async def read(self, consumer: str, count: int, block_ms: int) -> list[ReplayEntry]:
+            try:
+                return await super().read(consumer, count, block_ms)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise  # only the first: a worker that ignores it fails this test, not hangs
+                swallowed.append(True)
+                return []
+
+    settings = ReplaySettings(prefix="swallow", **FAST)
+    worker = ReplayWorker(Swallowing(settings), Upstream(), "w", settings)
+    await worker.start()
+    await asyncio.sleep(0.2)  # in its blocking read
+    started = time.monotonic()
+    await asyncio.wait_for(worker.stop(), 3.0)
+    assert swallowed and time.monotonic() - started < 1.0
