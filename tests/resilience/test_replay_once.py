@@ -95,9 +95,11 @@ async def test_a_replay_longer_than_claim_idle_is_not_taken_by_another_worker(
 ) -> None:
     """Two workers (two gateway processes) share the stream; the replay of a long generation
     outlasts `claim_idle_ms`: its worker keeps it, the other never replays it a second time."""
-    settings = ReplaySettings(prefix=prefix, **FAST)
+    # claim_idle_ms 900 rather than FAST's 300: a test process loaded by the rest of the suite
+    # (servers in threads) can stall its event loop past 300 ms, and the refresh then comes late.
+    settings = ReplaySettings(prefix=prefix, **{**FAST, "claim_idle_ms": 900})
     queue = RedisReplayQueue(client, settings)
-    upstream = Upstream(delay_s=1.5)  # 5x claim_idle_ms
+    upstream = Upstream(delay_s=3.0)  # over 3x claim_idle_ms
     await queue.enqueue("long", "t", "m", b"{}")
     first = ReplayWorker(queue, upstream, "first", settings)
     second = ReplayWorker(queue, upstream, "second", settings)
@@ -105,7 +107,7 @@ async def test_a_replay_longer_than_claim_idle_is_not_taken_by_another_worker(
     await asyncio.sleep(0.1)
     await second.start()
     try:
-        doc = await until_done(queue, "long", within=5.0)
+        doc = await until_done(queue, "long", within=10.0)
         await asyncio.sleep(0.5)  # a second replay, if any, would have started by now
     finally:
         await first.stop()
