@@ -37,6 +37,7 @@ from gateway.cache.semantic_store import RedisSemanticStore, entry_id_for
 from gateway.cache.shared_context import differing_clauses
 from gateway.cache.verifier import Verifier, default_verifier
 from gateway.infra.hub import RedisHub
+from gateway.infra.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +217,7 @@ class SemanticCache:
     async def aclose(self) -> None:
         await self.flush()
         if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener
+            await stop_task(self._listener)
             self._listener = None
         if self._own_worker:
             await self.worker.aclose()

@@ -19,7 +19,6 @@ is never usable again and a rotated-out secret never comes back.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -34,6 +33,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from gateway.governance.settings import Budget, Limits, Name
 from gateway.infra.hub import Subscription
 from gateway.infra.shared_state import SharedState
+from gateway.infra.tasks import stop_task
 
 log = logging.getLogger("gateway.governance")
 M = TypeVar("M", bound=BaseModel)
@@ -483,9 +483,7 @@ class KeyStore:
             await self._sub.close()
             self._sub = None
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def _sync_loop(self) -> None:

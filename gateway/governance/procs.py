@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from gateway.infra.shared_state import SharedState
+from gateway.infra.tasks import stop_task
 
 PROCESS_ID = re.compile(r"^[0-9]{1,10}-[0-9a-f]{8}$")  # as Processes writes it: pid-hex
 MAX_AHEAD_S = 60.0  # clocks of processes differ a little, never by a minute
@@ -80,9 +81,7 @@ class Processes:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         with contextlib.suppress(Exception):
             await self.state.call(lambda r: r.zrem(self.key, self.id), None)

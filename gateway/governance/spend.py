@@ -33,6 +33,7 @@ from typing import Any
 
 from gateway.governance.procs import Processes
 from gateway.infra.shared_state import SharedState
+from gateway.infra.tasks import stop_task
 
 log = logging.getLogger("gateway.governance")
 NANO = 1_000_000_000
@@ -186,9 +187,7 @@ class SpendLedger:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         with contextlib.suppress(Exception):
             await self.flush()

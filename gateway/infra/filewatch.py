@@ -14,12 +14,13 @@ running configuration); an exception it raises is logged and the watch goes on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Hashable
 from pathlib import Path
 from typing import Any
+
+from gateway.infra.tasks import stop_task
 
 log = logging.getLogger("gateway.filewatch")
 
@@ -73,9 +74,7 @@ class FileWatch:
     async def stop(self) -> None:
         self._stop.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def _watch(self, seen: Hashable) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.infra.redis_client import AnyRedis, make_redis
+from gateway.infra.tasks import stop_task
 
 log = logging.getLogger("gateway.redis")
 
@@ -153,9 +154,7 @@ class Subscription:
     async def _stop(self) -> None:
         self._live.clear()
         if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._worker
+            await stop_task(self._worker)
             self._worker = None
         while not self._work.empty():
             item = self._work.get_nowait()
@@ -255,9 +254,7 @@ class RedisHub:
         """Stop the subscription loop and close the clients this hub made."""
         self._closed = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         for subs in list(self._subs.values()):
             for sub in subs:

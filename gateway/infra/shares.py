@@ -36,7 +36,6 @@ member (they use other members or queue): the sum still never exceeds the total.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import re
@@ -49,6 +48,7 @@ from dataclasses import dataclass
 
 from gateway.infra.replicas import ReplicaSettings
 from gateway.infra.shared_state import SharedState
+from gateway.infra.tasks import stop_task
 
 log = logging.getLogger("gateway.shares")
 
@@ -129,9 +129,7 @@ class Membership:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
         # Leave at once so that the others take over this share now, not in 3 heartbeats.
         await self.state.call(lambda r: r.zrem(self.key, self.id), 0)
 

@@ -17,6 +17,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.infra.tasks import stop_task
 from gateway.resilience.breaker import BreakerState
 from gateway.runtime import Runtime
 
@@ -46,9 +47,7 @@ class Reachability:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
 
     async def _run(self) -> None:
         while True:

@@ -30,6 +30,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from gateway.infra.tasks import stop_task
+
 log = logging.getLogger("gateway.metrics")
 ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
 PREFIX = "worker-"
@@ -181,9 +183,7 @@ class WorkerMetrics:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
         with contextlib.suppress(OSError):
             self.snapshot()  # the final counts stay in the totals
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from redis.exceptions import ResponseError
 
 from gateway.infra.redis_client import AnyRedis
+from gateway.infra.tasks import stop_task
 from gateway.resilience.retry import backoff_s
 
 log = logging.getLogger(__name__)
@@ -438,9 +439,7 @@ class ReplayWorker:
     async def stop(self) -> None:
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def run(self) -> None:

@@ -30,6 +30,7 @@ import orjson
 
 from gateway.infra.hub import Subscription
 from gateway.infra.shared_state import SharedState
+from gateway.infra.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +96,7 @@ class SharedDrains:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         if self._sub is not None:
             await self._sub.close()
