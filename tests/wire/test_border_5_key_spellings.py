@@ -19,7 +19,7 @@ import pytest
 
 from gateway.redact import Redactor, sanitize_message
 from tests.support import GatewayServer
-from tests.wire.test_stream_border_4_encoded import _read, stream_scripts
+from tests.wire.test_stream_border_4_encoded import _read, post_mode, stream_scripts
 from tests.wire.test_stream_border_upstream import Scripted, scripted_policy
 
 KEY = "sk-Zq8vN3xK7p/L2mW9rT4+yB6cD1fG5hJ0aE"
@@ -101,11 +101,7 @@ def _assert_masked(r: httpx.Response, got: str) -> None:
 def test_a_cased_or_hex_key_cut_into_pieces_is_masked_in_a_stream(
     gw: GatewayServer, mode: str
 ) -> None:
-    field = mode.split(".")[0]
-    path = "/completions" if field == "text" else "/chat/completions"
-    body: dict[str, Any] = {"model": mode, "stream": True}
-    body.update({"prompt": "hi"} if field == "text" else {"messages": MSG})
-    r = httpx.post(gw.base_url + path, json=body, timeout=10)
+    r = post_mode(gw, mode, stream=True)
     _assert_masked(r, _read(r.content))
 
 
@@ -114,10 +110,7 @@ def test_a_cased_or_hex_key_cut_into_pieces_is_masked_in_a_stream(
 def test_a_cased_or_hex_key_is_masked_in_a_unary_answer(
     gw: GatewayServer, form: str, field: str
 ) -> None:
-    path = "/completions" if field == "text" else "/chat/completions"
-    body: dict[str, Any] = {"model": f"{field}.{form}.unary"}
-    body.update({"prompt": "hi"} if field == "text" else {"messages": MSG})
-    r = httpx.post(gw.base_url + path, json=body, timeout=10)
+    r = post_mode(gw, f"{field}.{form}.unary", stream=False)
     choice = r.json()["choices"][0]
     if field == "text":
         got = choice["text"]

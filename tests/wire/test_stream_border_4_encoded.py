@@ -161,15 +161,20 @@ def _assert_masked(r: httpx.Response, whole: bool = True) -> str:
     return got
 
 
+def post_mode(gw: GatewayServer, mode: str, stream: bool) -> httpx.Response:
+    """The request of a `field.form.size` script: a completion for `text`, else a chat."""
+    text = mode.split(".")[0] == "text"
+    body: dict[str, Any] = {"model": mode, "stream": stream}
+    body.update({"prompt": "hi"} if text else {"messages": MSG})
+    path = "/completions" if text else "/chat/completions"
+    return httpx.post(gw.base_url + path, json=body, timeout=10)
+
+
 @pytest.mark.parametrize("mode", [m for m in SCRIPTS if not m.startswith("id.")])
 def test_an_encoded_key_cut_into_pieces_is_masked_in_chat_and_completions(
     gw: GatewayServer, mode: str
 ) -> None:
-    field = mode.split(".")[0]
-    path = "/completions" if field == "text" else "/chat/completions"
-    body: dict[str, Any] = {"model": mode, "stream": True}
-    body.update({"prompt": "hi"} if field == "text" else {"messages": MSG})
-    _assert_masked(httpx.post(gw.base_url + path, json=body, timeout=10))
+    _assert_masked(post_mode(gw, mode, stream=True))
 
 
 @pytest.mark.parametrize("form", list(FORMS))
