@@ -13,6 +13,9 @@ off, vector memo off so every request really embeds its question) and `plain` (n
   shares words with those cached before it), new topics (words no cached question has, drawn
   from the repository's written question sets: raced from the start with `race_unrelated`; also
   streamed, timed to the first content chunk), and the same in a new conversation (earlier turns never seen: an empty namespace, no embedding).
+  With `--paraphrases`, each turn also asks a new rewording of a stored question ("How can I
+  ...?" for "How do I ...?"): hits that embed, so that new questions often find an answer and
+  `race_rare_hits` no longer races them.
 
 All configurations run at once and are measured in rotating turns (`--rounds`), so the load of
 the shared machine falls on each alike; the figures are medians over rounds.
@@ -71,6 +74,14 @@ def questions(n: int, long: bool) -> list[str]:
             f"{PLACES[(i // 64) % len(PLACES)]} safely?"
         )
         out.append(q[:-1] + "?" + LONG_TAIL + "?" if long else q)
+    return out
+
+
+def paraphrases(texts: list[str]) -> list[str]:
+    """New rewordings of `texts` (each a hit for the verifier), shuffled (seeded)."""
+    forms = ("How can I ", "What is the way to ", "How should I ")
+    out = [form + t.removeprefix("How do I ") for t in texts for form in forms]
+    random.Random(11).shuffle(out)
     return out
 
 
@@ -134,16 +145,25 @@ async def warm(gw: str, texts: list[str]) -> None:
 
 
 async def burst(
-    gw: str, texts: list[str], clients: int, seconds: float, topics: list[str]
+    gw: str,
+    texts: list[str],
+    clients: int,
+    seconds: float,
+    topics: list[str],
+    reworded: list[str] | None = None,
 ) -> dict[str, float]:
     """One client's hits and misses (semantic on / off, interleaved), then `clients` at once.
-    `topics`: words never asked before (three are taken per new-topic question)."""
+    `topics`: words never asked before (three are taken per new-topic question); `reworded`:
+    new paraphrases of stored questions (one asked per turn), or None."""
     url = gw + "/chat/completions"
     conn = aiohttp.TCPConnector(limit=clients + 2)
     async with aiohttp.ClientSession(connector=conn) as s:
         one_hit, miss_sem, miss_plain, miss_conv, miss_conv_plain = [], [], [], [], []
         miss_topic, miss_topic_plain, ttft_topic, ttft_topic_plain = [], [], [], []
+        para: list[tuple[float, str]] = []
         for i in range(20):
+            if reworded is not None:
+                para.append(await post(s, url, body("sem", reworded.pop())))
             a, b, c = topics.pop(), topics.pop(), topics.pop()
             t = f"Tell me about {a}, {b} and {c}."
             miss_topic.append((await post(s, url, body("sem", t)))[0])
@@ -177,7 +197,12 @@ async def burst(
         await asyncio.gather(*(client(k) for k in range(clients)))
         elapsed = time.perf_counter() - t0
     hits = kinds.get("hit-semantic", 0)
+    extra = {}
+    if para:
+        extra["para_hit_p50_ms"] = statistics.median(d for d, _ in para) * 1000
+        extra["para_served"] = sum(k == "hit-semantic" for _, k in para) / len(para)
     return {
+        **extra,
         "hits_per_s": hits / elapsed,
         "served_share": hits / max(1, len(lat)),
         "p50_ms": pct(lat, 0.5),
@@ -199,8 +224,8 @@ def main() -> None:
     ap.add_argument(
         "--configs",
         default="1x1,1x8,2x1,2x8",
-        help="WORKERSxBATCH, optional m (vector memo on), bMS (lookup budget), w (wait for every"
-        " lookup: race_unrelated off), a (the semantic alias races every lookup: race_all) and p"
+        help="WORKERSxBATCH, optional m (vector memo on), bMS (lookup budget), w (race_unrelated"
+        " off), r (race_rare_hits: 0; w and r: every lookup waited for), a (the semantic alias races every lookup: race_all) and p"
         " (the packaged model instead of its int8 build), e.g. 1x8mb5, 2x8mw, 2x8ma, 2x8p",
     )
     ap.add_argument("--lengths", default="short,long")
@@ -213,6 +238,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="per burst")
     ap.add_argument("--rounds", type=int, default=3, help="bursts per configuration, interleaved")
     ap.add_argument("--questions", type=int, default=128)
+    ap.add_argument(
+        "--paraphrases",
+        action="store_true",
+        help="each turn also asks a new paraphrase of a stored question (a hit that embeds)",
+    )
     ap.add_argument(
         "--baseline",
         default=None,
@@ -232,8 +262,8 @@ def main() -> None:
         base = stack.enter_context(baseline_tree(args.baseline)) if args.baseline else None
         gateways = {}
         for config in configs:  # all running at once, measured in turn: the same machine noise
-            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?(w?)(a?)(p?)(@base)?", config)
-            assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS][w][a][p]"
+            m = re.fullmatch(r"(\d+)x(\d+)(m?)(?:b(\d+))?(w?)(r?)(a?)(p?)(@base)?", config)
+            assert m, f"bad configuration {config!r}: WORKERSxBATCH[m][bMS][w][r][a][p]"
             policy = folder / f"policy-{config.replace('@', '-')}.yaml"
             policy.write_text(
                 POLICY.format(
@@ -242,17 +272,23 @@ def main() -> None:
                     batch=m[2],
                     memo=4096 if m[3] else 0,
                     budget=m[4] or 0,
-                    embedder="onnx-packaged" if m[7] else "auto",
-                    race=", race_unrelated: false" if m[5] else "",
-                    race_all=", race_all: true" if m[6] else "",
+                    embedder="onnx-packaged" if m[8] else "auto",
+                    race=(", race_unrelated: false" if m[5] else "")
+                    + (", race_rare_hits: 0" if m[6] else ""),
+                    race_all=", race_all: true" if m[7] else "",
                 )
             )
             env = {"GATEWAY_ACCESS_LOG": "0"}
-            root = base if m[8] else None
+            root = base if m[9] else None
             gateways[config] = stack.enter_context(gateway_process(policy, env=env, root=root))
         for gw in gateways.values():
             for length in lengths:
                 asyncio.run(warm(gw, texts[length]))
+        reworded = {
+            (config, length): paraphrases(texts[length]) if args.paraphrases else None
+            for config in configs
+            for length in lengths
+        }
         topics = topic_words()
         need = 120 * args.rounds * len(configs) * len(lengths)
         assert len(topics) >= need, f"{len(topics)} topic words, {need} needed: fewer rounds"
@@ -261,7 +297,14 @@ def main() -> None:
             for config in order:
                 for length in lengths:
                     res = asyncio.run(
-                        burst(gateways[config], texts[length], args.clients, args.seconds, topics)
+                        burst(
+                            gateways[config],
+                            texts[length],
+                            args.clients,
+                            args.seconds,
+                            topics,
+                            reworded[config, length],
+                        )
                     )
                     runs.setdefault((config, length), []).append(res)
                     print(r, config, length, {k: round(v, 1) for k, v in res.items()}, flush=True)
@@ -286,16 +329,18 @@ def main() -> None:
     print("\n| workers x batch | questions | hits/s (16 clients) | p50 / p99 ms | one-client hit "
           "p50 ms | miss p50: semantic on / off ms | miss, new topic: on / off ms "
           "| streamed, new topic: first token on / off ms "
-          "| miss in a new conversation: on / off ms | served |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| miss in a new conversation: on / off ms | served |"
+          + (" paraphrase hit p50 ms | paraphrases served |" if args.paraphrases else ""))  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.paraphrases else ""))
     for config, length, r in rows:
+        para = f" {r['para_hit_p50_ms']:.1f} | {r['para_served']:.0%} |" if args.paraphrases else ""
         print(
             f"| {config} | {length} | {r['hits_per_s']:.0f} | {r['p50_ms']:.1f} / "
             f"{r['p99_ms']:.1f} | {r['one_hit_p50_ms']:.1f} | {r['miss_sem_p50_ms']:.1f} / "
             f"{r['miss_plain_p50_ms']:.1f} | {r['miss_topic_p50_ms']:.1f} / "
             f"{r['miss_topic_plain_p50_ms']:.1f} | {r['ttft_topic_p50_ms']:.1f} / "
             f"{r['ttft_topic_plain_p50_ms']:.1f} | {r['miss_conv_p50_ms']:.1f} / "
-            f"{r['miss_conv_plain_p50_ms']:.1f} | {r['served_share']:.0%} |"
+            f"{r['miss_conv_plain_p50_ms']:.1f} | {r['served_share']:.0%} |{para}"
         )
 
 

@@ -95,6 +95,10 @@ class AsyncEmbedder:
     def memo_bytes(self) -> int:
         return len(self._memo) * (4 * self.dim + 200)
 
+    def remembers(self, text: str) -> bool:
+        """Whether `text`'s vector is in the memo (a lookup of it would not embed)."""
+        return text in self._memo  # one dict read: atomic under the GIL, a hint only
+
     async def embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for `texts` ((len, dim) float32, unit rows)."""
         result: np.ndarray = await self.submit(texts, None)

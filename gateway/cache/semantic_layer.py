@@ -28,10 +28,26 @@ _NOT_PARAMS = IGNORED_FIELDS | {"messages", "model"}
 RACE_MARGIN = 2.0
 MAX_ROUTES = 1024
 _ALPHA = 0.2
+#: Lookups that embed a new question seen on a route before their hit rate is trusted, and the
+#: window of that rate (`race_rare_hits`): a plain mean up to it, a moving average after.
+MIN_NEW = 20
+NEW_WINDOW = 50
 
 
 def _ewma(old: float | None, sample: float) -> float:
     return sample if old is None else old + _ALPHA * (sample - old)
+
+
+@dataclass(slots=True)
+class _HitRate:
+    """Share of a route's lookups of new questions (not in the vector memo) that found an answer."""
+
+    seen: int = 0
+    rate: float = 0.0
+
+    def add(self, hit: bool) -> None:
+        self.seen += 1
+        self.rate += (float(hit) - self.rate) / min(self.seen, NEW_WINDOW)
 
 
 @dataclass(slots=True)
@@ -86,6 +102,8 @@ class SemanticLayer:
         self._upstream_s: dict[tuple[str, bool], float] = {}
         """Per route and streamed or not: the upstream's time to a unary answer, or to a
         stream's first chunk (EWMAs)."""
+        self._new_hits: dict[str, _HitRate] = {}
+        """Per route: how often a lookup that embedded a new question found an answer."""
 
     @property
     def ready(self) -> bool:
@@ -160,23 +178,18 @@ class SemanticLayer:
 
         With `lookup_budget_ms`, a lookup still running after the budget is left in
         `plan.pending` and None is returned: the caller starts the upstream call and may race it
-        against the lookup (`late_result`). So is, at once, a lookup whose question shares no
-        word with any question cached in its context (`race_unrelated`), or any lookup of an
-        alias with `race_all`, where its upstream is known to answer (a stream: to send its
-        first chunk) slower than a lookup (so no hit is lost).
+        against the lookup (`late_result`). So is, at once, a lookup raced from the start
+        (`_races`), where its upstream is known to answer (a stream: to send its first chunk)
+        slower than a lookup (so no hit is lost).
         """
         assert self.cache is not None
         budget = self.settings.lookup_budget_ms / 1000
         searched = self.cache.index.has_namespace(plan.namespace)  # else no embedding: not timed
+        new = searched and not self.cache.worker.remembers(plan.text)  # it will embed
         task = asyncio.ensure_future(self.cache.lookup(plan.namespace, plan.text, plan.threshold))
-        if searched:
-            task.add_done_callback(self._timer(time.perf_counter()))
-        if (
-            searched
-            and (plan.race_all or self.settings.race_unrelated)
-            and self._upstream_slower((plan.route, plan.streamed))
-            and (plan.race_all or self.cache.index.unrelated(plan.namespace, plan.text))
-        ):
+        if new:
+            task.add_done_callback(self._observer(plan.route, time.perf_counter()))
+        if searched and self._races(plan, new):
             self.early += 1
             plan.pending = task
             return None
@@ -188,6 +201,23 @@ class SemanticLayer:
                 return None
         return self._count(plan, await task)
 
+    def _races(self, plan: SemanticPlan, new: bool) -> bool:
+        """Whether the plan's upstream call starts at once, beside its lookup: where the route's
+        upstream answers slower than a lookup, for an alias with `race_all`, a question sharing
+        no word with its context (`race_unrelated`), or a new question on a route where new
+        questions rarely find an answer (`race_rare_hits`)."""
+        if not self._upstream_slower((plan.route, plan.streamed)):
+            return False
+        s = self.settings
+        if plan.race_all:
+            return True
+        if new and s.race_rare_hits > 0:
+            seen = self._new_hits.get(plan.route)
+            if seen is not None and seen.seen >= MIN_NEW and seen.rate < s.race_rare_hits:
+                return True
+        assert self.cache is not None
+        return s.race_unrelated and self.cache.index.unrelated(plan.namespace, plan.text)
+
     def _upstream_slower(self, route: tuple[str, bool]) -> bool:
         """Whether the route's upstream answers in more than `RACE_MARGIN` lookups' time: a raced
         lookup then still answers first, so racing costs no hit. Unknown (no answer or no lookup
@@ -195,12 +225,21 @@ class SemanticLayer:
         upstream, lookup = self._upstream_s.get(route), self._lookup_s
         return upstream is not None and lookup is not None and upstream > RACE_MARGIN * lookup
 
-    def _timer(self, start: float) -> Callable[[asyncio.Future[Any]], None]:
+    def _observer(self, route: str, start: float) -> Callable[[asyncio.Future[Any]], None]:
+        """Records what a lookup that embeds took and whether it found an answer, raced or not
+        (a raced lookup runs to its end: its vector serves the store)."""
+
         def done(task: asyncio.Future[Any]) -> None:
             if task.cancelled() or task.exception() is not None:
                 return
-            if task.result().outcome in ("miss", "rejected"):  # a new question: it embedded
-                self._lookup_s = _ewma(self._lookup_s, time.perf_counter() - start)
+            outcome = task.result().outcome
+            if outcome not in ("hit", "miss", "rejected"):  # skipped: busy, too long, an error
+                return
+            self._lookup_s = _ewma(self._lookup_s, time.perf_counter() - start)
+            rates = self._new_hits
+            if route not in rates and len(rates) >= MAX_ROUTES:
+                rates.clear()  # routes come from the policy: only a reload changes them
+            rates.setdefault(route, _HitRate()).add(outcome == "hit")
 
         return done
 

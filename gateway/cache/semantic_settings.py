@@ -80,6 +80,13 @@ class SemanticSettings(BaseModel):
     upstream has answered (a stream: sent its first chunk) in more than twice a lookup's time
     (EWMAs, streams timed apart), so that the lookup still answers first and no hit is lost.
     Counted as "early" lookups. An alias's `cache.semantic.race_all` races every lookup."""
+    race_rare_hits: float = Field(default=0.05, ge=0.0, le=1.0)
+    """A question not asked lately (its vector not in the memo: the lookup must embed it) is
+    raced the same way while, on its route, fewer than this share of such lookups found an
+    answer (the mean of the last ~50, once 20 were seen; raced lookups count too). There a wait
+    is nearly always spent on a miss, and racing costs an upstream call started and cancelled
+    for at most about this share of the raced questions. A question asked again verbatim (in
+    the memo: no embedding, a lookup of ~1 ms) still waits. 0: off."""
     queue_max: int = Field(default=256, ge=1)
     """Jobs waiting for the embedding thread; beyond this a lookup is a miss ("busy")."""
     refresh_wait_s: float = Field(default=10.0, ge=0, le=60)

@@ -364,7 +364,8 @@ class GatewayCollector(Collector):
             "gateway_semantic_lookups",
             "Semantic cache lookups by outcome; a rejection names what refused the most similar "
             "candidate (verifier, or a guard); late: past lookup_budget_ms, upstream call started; "
-            "early: a question sharing no word with any cached in its context, raced from the start; "
+            "early: raced from the start (race_all, a question sharing no word with its context, "
+            "or a new question where new questions rarely hit: race_rare_hits); "
             "late_hit_raced: a late or early lookup that still answered first, or after its "
             "upstream call failed (the call cancelled or its error dropped).",
             labels=["outcome", "guard"],
