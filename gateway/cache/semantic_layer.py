@@ -96,7 +96,9 @@ class SemanticLayer:
         """Late or early lookups that found an answer before the upstream call did (that call
         cancelled)."""
         self.early = 0
-        """Lookups raced from the start: no cached question in the context shares a word."""
+        """Lookups raced from the start (`_races`)."""
+        self.early_rare = 0
+        """Of the early lookups, those raced because new questions rarely hit on their route."""
         self._lookup_s: float | None = None
         """A lookup's time when it embeds a new question (an EWMA over misses)."""
         self._upstream_s: dict[tuple[str, bool], float] = {}
@@ -189,8 +191,10 @@ class SemanticLayer:
         task = asyncio.ensure_future(self.cache.lookup(plan.namespace, plan.text, plan.threshold))
         if new:
             task.add_done_callback(self._observer(plan.route, time.perf_counter()))
-        if searched and self._races(plan, new):
+        why = self._races(plan, new) if searched else None
+        if why is not None:
             self.early += 1
+            self.early_rare += why == "rare_hits"
             plan.pending = task
             return None
         if budget > 0:
@@ -201,22 +205,24 @@ class SemanticLayer:
                 return None
         return self._count(plan, await task)
 
-    def _races(self, plan: SemanticPlan, new: bool) -> bool:
-        """Whether the plan's upstream call starts at once, beside its lookup: where the route's
-        upstream answers slower than a lookup, for an alias with `race_all`, a question sharing
-        no word with its context (`race_unrelated`), or a new question on a route where new
-        questions rarely find an answer (`race_rare_hits`)."""
+    def _races(self, plan: SemanticPlan, new: bool) -> str | None:
+        """Why the plan's upstream call starts at once, beside its lookup, or None. Only where
+        the route's upstream answers slower than a lookup: for an alias with `race_all`, a new
+        question on a route where new questions rarely find an answer (`race_rare_hits`), or a
+        question sharing no word with its context (`race_unrelated`)."""
         if not self._upstream_slower((plan.route, plan.streamed)):
-            return False
+            return None
         s = self.settings
         if plan.race_all:
-            return True
+            return "race_all"
         if new and s.race_rare_hits > 0:
             seen = self._new_hits.get(plan.route)
             if seen is not None and seen.seen >= MIN_NEW and seen.rate < s.race_rare_hits:
-                return True
+                return "rare_hits"
         assert self.cache is not None
-        return s.race_unrelated and self.cache.index.unrelated(plan.namespace, plan.text)
+        if s.race_unrelated and self.cache.index.unrelated(plan.namespace, plan.text):
+            return "unrelated"
+        return None
 
     def _upstream_slower(self, route: tuple[str, bool]) -> bool:
         """Whether the route's upstream answers in more than `RACE_MARGIN` lookups' time: a raced

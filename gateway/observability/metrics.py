@@ -365,7 +365,8 @@ class GatewayCollector(Collector):
             "Semantic cache lookups by outcome; a rejection names what refused the most similar "
             "candidate (verifier, or a guard); late: past lookup_budget_ms, upstream call started; "
             "early: raced from the start (race_all, a question sharing no word with its context, "
-            "or a new question where new questions rarely hit: race_rare_hits); "
+            "or a new question where new questions rarely hit: race_rare_hits); early_rare_hits: "
+            "those of the early ones raced for race_rare_hits; "
             "late_hit_raced: a late or early lookup that still answered first, or after its "
             "upstream call failed (the call cancelled or its error dropped).",
             labels=["outcome", "guard"],
@@ -376,6 +377,7 @@ class GatewayCollector(Collector):
             lookups.add_metric(["rejected", guard], n)
         lookups.add_metric(["late", ""], semantic.late)
         lookups.add_metric(["early", ""], semantic.early)
+        lookups.add_metric(["early_rare_hits", ""], semantic.early_rare)
         lookups.add_metric(["late_hit_raced", ""], semantic.raced)
         yield lookups
         stored, refused = semantic.store_stats()
