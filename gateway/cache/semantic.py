@@ -293,13 +293,18 @@ class SemanticCache:
                 "rejected", reason="unknown_tokens", similarity=best, vector=vector
             )
         if self.verifier is not None:
-            scores = self.verifier.probabilities(text, [(e.text, sim) for sim, e in candidates])
+            # A pair sharing a dominant context is judged on its differing clauses alone: the
+            # trees run only on the other candidates' whole texts.
+            clauses_of = [differing_clauses(text, e.text) for _, e in candidates]
+            pairs = zip(candidates, clauses_of, strict=True)
+            whole = [(e.text, sim) for (sim, e), c in pairs if c is None]
+            scores = iter(self.verifier.probabilities(text, whole) if whole else ())
             judged = _Judged(best, vector, [])
-            for (sim, entry), p in zip(candidates, scores, strict=True):
-                clauses = differing_clauses(text, entry.text)
+            for (sim, entry), clauses in zip(candidates, clauses_of, strict=True):
+                p = next(scores) if clauses is None else 0.0  # else: by its clauses (`_pick`)
                 if clauses is not None and not all(clauses):
                     # A clause one text lacks altogether: never the same question.
-                    p, clauses = 0.0, None
+                    clauses = None
                 judged.candidates.append((sim, entry, p, clauses))
             if judged.clauses():
                 # Their clauses are embedded after this, outside the index lock (which every

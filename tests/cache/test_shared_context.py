@@ -140,3 +140,46 @@ def test_clauses_are_embedded_once_outside_the_index_lock() -> None:
     assert outcomes == ["hit", "hit", "rejected"]
     assert embedded[0] == 1  # the short question against its long variant: no clause to embed
     assert embedded[2] >= 2 and free and all(free)
+
+
+def test_pairs_judged_by_their_clauses_are_not_judged_whole() -> None:
+    """A candidate sharing a dominant context with the question is judged on the clauses they
+    differ in alone: the trees run only on the other candidates' whole texts (on long texts the
+    whole-text features were most of the search's time, and their verdict was thrown away)."""
+    from gateway.cache.semantic import SemanticCache
+    from gateway.cache.semantic_settings import SemanticSettings
+
+    async def run() -> tuple[list[str], list[list[str]]]:
+        cache = SemanticCache(SemanticSettings(vector_memo=0))
+        await cache.start()
+        assert cache.verifier is not None
+        judged_whole: list[list[str]] = []
+        probabilities = cache.verifier.probabilities
+
+        def watched(query: str, candidates: list[tuple[str, float]]) -> list[float]:
+            judged_whole.append([c for c, _ in candidates])
+            return probabilities(query, candidates)
+
+        cache.verifier.probabilities = watched  # type: ignore[method-assign]
+        try:
+            stored = (f"{CONTEXT} How do we speed up the test suite?", "How do we deploy Django?")
+            for text in stored:
+                assert await cache.store("ns", text, b"answer", wait_s=5)
+            judged_whole.clear()
+            outcomes = []
+            for asked in (
+                f"{CONTEXT} How can we make the test suite faster?",
+                f"{CONTEXT} Which hosting provider is cheapest?",
+            ):
+                outcomes.append((await cache.lookup("ns", asked)).outcome)
+            return outcomes, judged_whole
+        finally:
+            cache.verifier.probabilities = probabilities  # type: ignore[method-assign]
+            await cache.aclose()
+
+    outcomes, judged_whole = asyncio.run(run())
+    assert outcomes[0] == "hit" and outcomes[1] != "hit"
+    whole = [text for call in judged_whole for text in call]
+    # The clauses were judged (by the same trees), the whole long texts never.
+    assert "How do we speed up the test suite?" in whole, judged_whole
+    assert whole and all(not text.startswith(CONTEXT) for text in whole), judged_whole
