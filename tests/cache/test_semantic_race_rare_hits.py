@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from tests.cache.test_cache_semantic_namespaces import _metric, ask, two_aliases
-from tests.cache.test_semantic_race_unrelated import EARLY, RACED, stored
+from tests.cache.test_semantic_race_unrelated import EARLY, RACED, served_first, stored
 from tests.conftest import DEFAULT_FLEET
-from tests.support import GatewayServer, poll
+from tests.support import GatewayServer
 
 pytest.importorskip("faiss", reason="the semantic extra is not installed")
 
@@ -65,27 +65,15 @@ def test_new_questions_are_raced_where_they_rarely_hit(fleet: Any) -> None:
         assert _metric(gw, EARLY) == 1
         # A paraphrase is raced too, and its lookup still answers before the slow upstream,
         # whose call is cancelled and not billed.
-        fleet.set_faults("low", slow_first_token_ms=5000)
-        try:
-            r = ask(gw, "What is your age?", namespace=ns)
-        finally:
-            fleet.clear_faults("low")
-        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+        served_first(fleet, "low", gw, "What is your age?", ns, answer)
         assert (_metric(gw, EARLY), _metric(gw, RACED)) == (2, 1)
-        ctx = poll(lambda: next((c for c in gw.seen if c.cache == "hit-semantic"), None))
-        assert ctx.status == 200 and not ctx.cost_usd
         # A question asked verbatim again (its vector in the memo: no embedding) waits.
         again = ask(gw, "How old are you?", namespace=ns)
         assert again.headers["x-gateway-cache"] == "hit-semantic"
         assert _metric(gw, EARLY) == 2
         # 1 hit in 22 (4.5%) is still rare: raced, served. 2 in 23 (8.7%) is not: the next
         # new question waits for its lookup again.
-        fleet.set_faults("low", slow_first_token_ms=5000)
-        try:
-            r = ask(gw, "How old are you, please?", namespace=ns)
-        finally:
-            fleet.clear_faults("low")
-        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+        served_first(fleet, "low", gw, "How old are you, please?", ns, answer)
         assert (_metric(gw, EARLY), _metric(gw, RACED)) == (3, 2)
         misses(gw, ns, MISSES[21:24])
         assert (_metric(gw, EARLY), _metric(gw, RARE)) == (3, 3)

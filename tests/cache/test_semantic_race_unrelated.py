@@ -50,6 +50,22 @@ def timed(gw: GatewayServer, ns: str, related: str) -> None:
     assert _metric(gw, EARLY) == 0
 
 
+def served_first(
+    fleet: Any, member: str, gw: GatewayServer, question: str, ns: str, answer: dict[str, Any]
+) -> None:
+    """`question` is served `answer` from the cache while `member` takes 5 s to its first
+    token; the hit is not billed (a raced call is cancelled)."""
+    before = sum(c.cache == "hit-semantic" for c in gw.seen)
+    fleet.set_faults(member, slow_first_token_ms=5000)
+    try:
+        r = ask(gw, question, namespace=ns)
+    finally:
+        fleet.clear_faults(member)
+    assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+    hits = poll(lambda: [c for c in gw.seen if c.cache == "hit-semantic"][before:] or None)
+    assert hits[-1].status == 200 and not hits[-1].cost_usd
+
+
 def served_after_waiting(gw: GatewayServer) -> None:
     """ "What is your age?" (no word shared with "How old are you?") waits for its lookup, which
     serves it: nothing raced."""
@@ -141,15 +157,8 @@ def test_an_unrelated_paraphrase_still_wins_against_a_slow_upstream(fleet: Any) 
         ns = f"race-{uuid.uuid4().hex}"
         answer = stored(gw, "How old are you?", ns)
         timed(gw, ns, "How old is the Eiffel Tower?")
-        fleet.set_faults("slow", slow_first_token_ms=5000)
-        try:
-            r = ask(gw, "What is your age?", namespace=ns)
-        finally:
-            fleet.clear_faults("slow")
-        assert r.headers["x-gateway-cache"] == "hit-semantic" and r.json() == answer
+        served_first(fleet, "slow", gw, "What is your age?", ns, answer)
         assert (_metric(gw, EARLY), _metric(gw, RACED)) == (1, 1)
-        ctx = poll(lambda: next((c for c in gw.seen if c.cache == "hit-semantic"), None))
-        assert ctx.status == 200 and not ctx.cost_usd  # a hit: the cancelled call is not billed
 
 
 def test_nothing_is_raced_against_an_upstream_faster_than_a_lookup(fleet: Any) -> None:
