@@ -292,6 +292,12 @@ class SemanticCache:
             return SemanticLookup(
                 "rejected", reason="unknown_tokens", similarity=best, vector=vector
             )
+        sim, entry = candidates[0]
+        if entry.text == text:
+            # Asked again verbatim, and the closest candidate: the verifier gives it 1.0, which
+            # no other candidate can beat (clauses included), and no guard refuses a text
+            # against itself. Judging the others (under the index lock) changed nothing.
+            return self._hit(sim, entry, vector)
         if self.verifier is not None:
             # A pair sharing a dominant context is judged on its differing clauses alone: the
             # trees run only on the other candidates' whole texts.

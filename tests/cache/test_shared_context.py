@@ -183,3 +183,54 @@ def test_pairs_judged_by_their_clauses_are_not_judged_whole() -> None:
     # The clauses were judged (by the same trees), the whole long texts never.
     assert "How do we speed up the test suite?" in whole, judged_whole
     assert whole and all(not text.startswith(CONTEXT) for text in whole), judged_whole
+
+
+@pytest.mark.parametrize("matcher", ["verifier", "guards"])
+def test_a_question_asked_again_verbatim_is_served_without_judging(matcher: str) -> None:
+    """The closest candidate is the question itself: it is served, without running the trees
+    on the other candidates or embedding the clauses of those sharing its context (a ~35-token
+    repeat took 26 ms with the vector memo off, 8 ms now). The guards matcher serves it too:
+    its entity guard refused "Is QVC's Lisa Robertson still on air?" against itself."""
+    from gateway.cache.semantic import SemanticCache
+    from gateway.cache.semantic_settings import SemanticSettings
+
+    tail = " I tried the settings menu and the help pages but nothing worked so far?"
+    texts = [
+        "How do I reset my photos on my iPhone safely?" + tail,
+        "How do I back up my photos on my iPhone safely?" + tail,
+        "How do I sync my photos on my iPhone safely?" + tail,
+        "Is QVC's Lisa Robertson still on air?",
+    ]
+
+    async def run() -> tuple[list[tuple[str, str | None]], list[int], int]:
+        cache = SemanticCache(SemanticSettings(vector_memo=0, matcher=matcher))  # type: ignore[arg-type]
+        await cache.start()
+        verifier = cache.verifier
+        judged = 0
+        if verifier is not None:
+            probabilities = verifier.probabilities
+
+            def watched(query: str, candidates: list[tuple[str, float]]) -> list[float]:
+                nonlocal judged
+                judged += 1
+                return probabilities(query, candidates)
+
+            verifier.probabilities = watched  # type: ignore[method-assign]
+        try:
+            for text in texts:
+                assert await cache.store("ns", text, text.encode(), wait_s=5)
+            served, embedded = [], []
+            for text in texts:
+                before = cache.worker.embedded
+                found = await cache.lookup("ns", text)
+                served.append((found.outcome, found.hit.response.decode() if found.hit else None))
+                embedded.append(cache.worker.embedded - before)
+            return served, embedded, judged
+        finally:
+            if verifier is not None:
+                verifier.probabilities = probabilities  # type: ignore[method-assign]
+            await cache.aclose()
+
+    served, embedded, judged = asyncio.run(run())
+    assert served == [("hit", text) for text in texts]
+    assert embedded == [1, 1, 1, 1] and judged == 0
