@@ -4,6 +4,9 @@ past the model's token limit whatever their length in characters, operators in c
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -17,6 +20,28 @@ CONTEXT = (
     "My team maintains a Django app with a Postgres database and about forty models. "
     "We deploy it twice a week with a small CI pipeline."
 )
+
+
+@contextlib.contextmanager
+def trees_watched(cache: Any) -> Iterator[list[list[str]]]:
+    """The candidate texts of each call of the cache's verifier trees, while in the block (the
+    verifier is shared by the process's caches: restored after)."""
+    verifier = cache.verifier
+    calls: list[list[str]] = []
+    if verifier is None:
+        yield calls
+        return
+    probabilities = verifier.probabilities
+
+    def watched(query: str, candidates: list[tuple[str, float]]) -> list[float]:
+        calls.append([c for c, _ in candidates])
+        return probabilities(query, candidates)
+
+    verifier.probabilities = watched
+    try:
+        yield calls
+    finally:
+        verifier.probabilities = probabilities
 
 
 def test_the_differing_clauses_of_texts_sharing_a_context() -> None:
@@ -152,29 +177,19 @@ def test_pairs_judged_by_their_clauses_are_not_judged_whole() -> None:
     async def run() -> tuple[list[str], list[list[str]]]:
         cache = SemanticCache(SemanticSettings(vector_memo=0))
         await cache.start()
-        assert cache.verifier is not None
-        judged_whole: list[list[str]] = []
-        probabilities = cache.verifier.probabilities
-
-        def watched(query: str, candidates: list[tuple[str, float]]) -> list[float]:
-            judged_whole.append([c for c, _ in candidates])
-            return probabilities(query, candidates)
-
-        cache.verifier.probabilities = watched  # type: ignore[method-assign]
         try:
             stored = (f"{CONTEXT} How do we speed up the test suite?", "How do we deploy Django?")
             for text in stored:
                 assert await cache.store("ns", text, b"answer", wait_s=5)
-            judged_whole.clear()
             outcomes = []
-            for asked in (
-                f"{CONTEXT} How can we make the test suite faster?",
-                f"{CONTEXT} Which hosting provider is cheapest?",
-            ):
-                outcomes.append((await cache.lookup("ns", asked)).outcome)
+            with trees_watched(cache) as judged_whole:
+                for asked in (
+                    f"{CONTEXT} How can we make the test suite faster?",
+                    f"{CONTEXT} Which hosting provider is cheapest?",
+                ):
+                    outcomes.append((await cache.lookup("ns", asked)).outcome)
             return outcomes, judged_whole
         finally:
-            cache.verifier.probabilities = probabilities  # type: ignore[method-assign]
             await cache.aclose()
 
     outcomes, judged_whole = asyncio.run(run())
@@ -205,30 +220,19 @@ def test_a_question_asked_again_verbatim_is_served_without_judging(matcher: str)
     async def run() -> tuple[list[tuple[str, str | None]], list[int], int]:
         cache = SemanticCache(SemanticSettings(vector_memo=0, matcher=matcher))  # type: ignore[arg-type]
         await cache.start()
-        verifier = cache.verifier
-        judged = 0
-        if verifier is not None:
-            probabilities = verifier.probabilities
-
-            def watched(query: str, candidates: list[tuple[str, float]]) -> list[float]:
-                nonlocal judged
-                judged += 1
-                return probabilities(query, candidates)
-
-            verifier.probabilities = watched  # type: ignore[method-assign]
         try:
             for text in texts:
                 assert await cache.store("ns", text, text.encode(), wait_s=5)
             served, embedded = [], []
-            for text in texts:
-                before = cache.worker.embedded
-                found = await cache.lookup("ns", text)
-                served.append((found.outcome, found.hit.response.decode() if found.hit else None))
-                embedded.append(cache.worker.embedded - before)
-            return served, embedded, judged
+            with trees_watched(cache) as judged:
+                for text in texts:
+                    before = cache.worker.embedded
+                    found = await cache.lookup("ns", text)
+                    hit = found.hit.response.decode() if found.hit else None
+                    served.append((found.outcome, hit))
+                    embedded.append(cache.worker.embedded - before)
+            return served, embedded, len(judged)
         finally:
-            if verifier is not None:
-                verifier.probabilities = probabilities  # type: ignore[method-assign]
             await cache.aclose()
 
     served, embedded, judged = asyncio.run(run())
