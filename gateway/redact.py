@@ -109,6 +109,11 @@ class Redactor:
     def __bool__(self) -> bool:
         return bool(self._bytes)
 
+    def mask(self, data: bytes) -> bytes:
+        """`data` with every spelling of a secret masked: plain ones whole, then their leading
+        or trailing parts (a stream cut between events), then base64 ones."""
+        return self.encoded(self.fragments(self.bytes(data)))
+
     def bytes(self, data: bytes) -> bytes:
         """`data` with every plain spelling of a secret masked, in any case."""
         low = data.lower()  # byte for byte: positions in it are positions in `data`
@@ -139,7 +144,7 @@ class Redactor:
         plain = orjson.dumps(doc) if has_escapes(body) else body
         if not self.may_hold(plain):
             return body
-        masked = self.encoded(self.fragments(self.bytes(plain)))
+        masked = self.mask(plain)
         if masked == plain:
             return body
         if b'"logprobs"' in masked:

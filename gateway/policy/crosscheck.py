@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,18 +209,27 @@ def _deadline_warnings(deadline: Any, providers: dict[str, Any]) -> list[Problem
     deadline = _number(deadline)
     if deadline is None:
         return []
+    return [
+        Problem(
+            f"providers.{pname}.timeouts.first_byte_s",
+            f"{first:g} s is longer than retry.deadline_s ({deadline:g}): it never "
+            "applies, a member that slow is cut by the deadline instead of failed over",
+            warning=True,
+        )
+        for pname, first in _slower_than(deadline, providers, providers)
+    ]
+
+
+def _slower_than(
+    deadline: float, names: Iterable[str], providers: dict[str, Any]
+) -> list[tuple[str, float]]:
+    """The named providers whose given first_byte_s is beyond `deadline`, with it."""
     out = []
-    for pname, provider in providers.items():
-        first = _number(_mapping(_mapping(provider).get("timeouts")).get("first_byte_s"))
+    for name in names:
+        timeouts = _mapping(_mapping(providers.get(name)).get("timeouts"))
+        first = _number(timeouts.get("first_byte_s"))
         if first is not None and first > deadline:
-            out.append(
-                Problem(
-                    f"providers.{pname}.timeouts.first_byte_s",
-                    f"{first:g} s is longer than retry.deadline_s ({deadline:g}): it never "
-                    "applies, a member that slow is cut by the deadline instead of failed over",
-                    warning=True,
-                )
-            )
+            out.append((name, first))
     return out
 
 
@@ -254,18 +263,15 @@ def _model_deadline_warnings(
             if isinstance(p, str)
             for _, m in _strings(_mapping(pools.get(p)).get("members"))
         }
-        for m in sorted(members):
-            timeouts = _mapping(_mapping(providers.get(m)).get("timeouts"))
-            first = _number(timeouts.get("first_byte_s"))
-            if first is not None and first > deadline:
-                out.append(
-                    Problem(
-                        path,
-                        f"{deadline:g} s is shorter than member {m}'s first_byte_s ({first:g}): "
-                        "a member that slow is cut by the deadline instead of failed over",
-                        warning=True,
-                    )
-                )
+        out.extend(
+            Problem(
+                path,
+                f"{deadline:g} s is shorter than member {m}'s first_byte_s ({first:g}): "
+                "a member that slow is cut by the deadline instead of failed over",
+                warning=True,
+            )
+            for m, first in _slower_than(deadline, sorted(members), providers)
+        )
     return out
 
 

@@ -955,11 +955,11 @@ class StreamCheck:
         assert redact is not None
         if has_escapes(data):
             plain = orjson.dumps(orjson.loads(data))
-            masked = redact.encoded(redact.fragments(redact.bytes(plain)))
+            masked = redact.mask(plain)
             if masked != plain:
                 return b"data: " + masked + b"\n\n"
         if redact.may_hold(ev):  # a secret holds its edges: no edge, no secret (nor part)
-            return redact.encoded(redact.fragments(redact.bytes(ev)))
+            return redact.mask(ev)
         return ev
 
     def _utf8(self, ev: bytes) -> bytes:
