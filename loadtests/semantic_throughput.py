@@ -256,6 +256,7 @@ def main() -> None:
     lengths = args.lengths.split(",")
     texts = {length: questions(args.questions, length == "long") for length in lengths}
     runs: dict[tuple[str, str], list[dict[str, float]]] = {}
+    peak_rss: dict[str, float] = {}  # per gateway process, after each round
     upstream = [{"name": "zero", "profile": args.profile}]
     with spawn_fleet(upstream) as fleet, ExitStack() as stack:
         folder = Path(tempfile.mkdtemp(prefix="sem-throughput-"))
@@ -319,13 +320,22 @@ def main() -> None:
                     )
                     for outcome in ("hit", "early", "late", "late_hit_raced")
                 }
-                print(f"{config}: lookups {counts} (late_hit_raced = upstream calls cancelled)")
+                rss = next(
+                    float(line.rsplit(" ", 1)[1]) / 2**20
+                    for line in text.splitlines()
+                    if line.startswith("process_resident_memory_bytes ")
+                )
+                peak_rss[config] = max(peak_rss.get(config, 0.0), rss)
+                print(f"{config}: lookups {counts} (late_hit_raced = upstream calls cancelled),"
+                      f" RSS {rss:.0f} MB")  # fmt: skip
     rows = [
         (config, length, {k: statistics.median(x[k] for x in runs[config, length])
                           for k in runs[config, length][0]})
         for config in configs
         for length in lengths
     ]  # fmt: skip
+    print("\nGateway RSS after the rounds (MB, the highest seen): "
+          + ", ".join(f"{c} {v:.0f}" for c, v in peak_rss.items()))  # fmt: skip
     print("\n| workers x batch | questions | hits/s (16 clients) | p50 / p99 ms | one-client hit "
           "p50 ms | miss p50: semantic on / off ms | miss, new topic: on / off ms "
           "| streamed, new topic: first token on / off ms "

@@ -3,10 +3,11 @@
 The event loop never runs the model: a request queues a job and awaits a future. A worker thread
 takes every job waiting (up to `batch_max` texts), embeds their texts in one `embed` call (the
 int8 embedder runs its model once per text inside it, so a vector never depends on its batch)
-and resolves each future on its own loop. With several embedders (one per thread, `workers` in
-the settings) the model runs on several cores at once; ONNX Runtime releases the GIL while it
-computes. The queue is bounded: when it is full the caller gets `EmbedderBusy` at once and treats
-the request as a cache miss instead of waiting behind a backlog.
+and resolves each future on its own loop. With several threads (`workers` in the settings; they
+share one embedder where it allows, `make_embedders`) the model runs on several cores at once;
+ONNX Runtime releases the GIL while it computes. The queue is bounded: when it is full the caller
+gets `EmbedderBusy` at once and treats the request as a cache miss instead of waiting behind a
+backlog.
 
 A job may carry a follow-up function run with the vectors. The semantic cache uses this for every
 index read and write; those follow-ups run under one lock, so the index still has a single writer

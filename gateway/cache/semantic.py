@@ -30,7 +30,7 @@ from redis.asyncio import Redis
 
 from gateway.cache import guards
 from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy
-from gateway.cache.embedder import make_embedder
+from gateway.cache.embedder import make_embedders
 from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
 from gateway.cache.semantic_store import RedisSemanticStore, entry_id_for
@@ -163,7 +163,7 @@ class SemanticCache:
         # quarter of a small bound.
         memo = s.vector_memo if s.vector_memo * _MEMO_ENTRY_BYTES <= s.max_bytes // 4 else 0
         self.worker = worker or AsyncEmbedder(
-            [make_embedder(s.embedder) for _ in range(s.workers)],
+            make_embedders(s.embedder, s.workers),
             s.batch_max,
             s.queue_max,
             memo,

