@@ -11,10 +11,12 @@ backlog.
 
 A job may carry a follow-up function run with the vectors. The semantic cache uses this for every
 index read and write; those follow-ups run under one lock, so the index still has a single writer
-at a time while embeddings proceed in parallel.
+at a time while embeddings proceed in parallel. A follow-up that finds it needs more vectors
+returns `More`: the same thread embeds them outside the lock and goes on.
 
 Vectors of recently embedded texts are kept (`memo` texts, LRU): a question asked again verbatim in
-another conversation, or looked up then stored, is embedded once.
+another conversation, or looked up then stored, is embedded once. `warm` fills the memo ahead, on
+a thread that would otherwise idle, with vectors a follow-up may ask for.
 """
 
 from __future__ import annotations
@@ -42,11 +44,30 @@ class EmbedderBusy(RuntimeError):
 
 
 @dataclass(slots=True)
+class More:
+    """What a follow-up returns when it needs more vectors: the same thread embeds `texts`
+    outside the follow-ups' lock (first waiting, up to `WARM_WAIT_S`, for `after`: a `warm`
+    of them in flight), then runs `then` with their vectors under it. No hop back to the event
+    loop and out again between the two."""
+
+    texts: list[str]
+    then: Callable[[np.ndarray], Any]
+    after: threading.Event | None = None
+
+
+#: How long a `More` waits for the `warm` it depends on before embedding its texts itself.
+WARM_WAIT_S = 0.05
+
+
+@dataclass(slots=True)
 class _Job:
     texts: list[str]
     then: Callable[[np.ndarray | None], Any] | None
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop | None
+    future: asyncio.Future[Any] | None
+    warmed: threading.Event | None = None
+    """A `warm` job (no caller waits; it is embedded in a batch of its own: batched with the
+    job it runs beside, it would run after it instead): set once its texts are done."""
 
 
 def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -78,7 +99,6 @@ class AsyncEmbedder:
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
         self._memo_max = memo
         self._memo_lock = threading.Lock()
-        self._local = threading.local()  # each worker thread's own embedder
         self._threads = [
             threading.Thread(
                 target=self._run, args=(e,), name=f"semantic-embedder-{i}", daemon=True
@@ -86,6 +106,10 @@ class AsyncEmbedder:
             for i, e in enumerate(embedders)
         ]
         self._closed = False
+        self._busy = 0  # threads holding a job (a hint: read without the lock)
+        self._busy_lock = threading.Lock()
+        self.warmed = 0
+        """Texts embedded ahead by `warm`."""
         self.batches = 0
         self.embedded = 0
         self.memo_hits = 0
@@ -99,6 +123,27 @@ class AsyncEmbedder:
     def remembers(self, text: str) -> bool:
         """Whether `text`'s vector is in the memo (a lookup of it would not embed)."""
         return text in self._memo  # one dict read: atomic under the GIL, a hint only
+
+    def idle(self) -> int:
+        """Threads with nothing to do now (a hint: it may change at once)."""
+        return len(self._threads) - self._busy - self._queue.qsize()
+
+    def warm(self, texts: list[str]) -> threading.Event | None:
+        """Embed into the memo, without waiting, those of `texts` it lacks: vectors the caller
+        may soon need, computed on a thread that would otherwise idle. Only while at least two
+        threads are idle (one for the caller's own job); None when nothing was queued, else an
+        event set once they are done: pass it as a `More`'s `after`, so that they are not
+        embedded twice."""
+        todo = [t for t in texts if t not in self._memo]
+        if not todo or not self._memo_max or self._closed or self.idle() < 2:
+            return None
+        done = threading.Event()
+        try:
+            self._queue.put_nowait(_Job(todo, None, None, None, done))
+        except queue.Full:
+            return None
+        self.warmed += len(todo)
+        return done
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         """Vectors for `texts` ((len, dim) float32, unit rows)."""
@@ -151,7 +196,11 @@ class AsyncEmbedder:
 
     def _take_batch(self, first: _Job) -> tuple[list[_Job], bool]:
         batch, count, stop = [first], len(first.texts), False
-        while count < self.batch_max:
+        while count < self.batch_max and first.warmed is None:
+            with self._queue.mutex:
+                waiting = self._queue.queue
+                if waiting and waiting[0] is not None and waiting[0].warmed is not None:
+                    break  # left for another thread
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
@@ -163,20 +212,20 @@ class AsyncEmbedder:
             count += len(job.texts)
         return batch, stop
 
-    def embed_now(self, texts: list[str]) -> np.ndarray:
-        """Vectors of `texts` computed on the calling thread: for a `then` follow-up that finds
-        it needs more vectors (on a worker thread, with that thread's embedder)."""
-        return self._embed(texts, getattr(self._local, "embedder", self.embedder))
-
     def _run(self, embedder: Embedder) -> None:
-        self._local.embedder = embedder
         stop = False
         while not stop:
             first = self._queue.get()
             if first is None:
                 break
-            batch, stop = self._take_batch(first)
-            self._process(batch, embedder)
+            with self._busy_lock:
+                self._busy += 1
+            try:
+                batch, stop = self._take_batch(first)
+                self._process(batch, embedder)
+            finally:
+                with self._busy_lock:
+                    self._busy -= 1
 
     def _embed(self, texts: list[str], embedder: Embedder) -> np.ndarray:
         """Vectors of `texts`, from the memo where possible."""
@@ -226,15 +275,34 @@ class AsyncEmbedder:
                     assert vectors is not None
                     rows = vectors[offset : offset + len(job.texts)]
                 offset += len(job.texts)
+            if job.warmed is not None:
+                job.warmed.set()
+                continue
             if error is None:
                 try:
-                    if job.then is not None:
-                        with self._state:
-                            result = job.then(rows)
-                    else:
-                        result = rows
+                    result = self._follow(job.then, rows, embedder)
                 except Exception as exc:
                     log.exception("semantic cache job failed")
                     error = exc
+            assert job.loop is not None and job.future is not None
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
                 job.loop.call_soon_threadsafe(_resolve, job.future, result, error)
+
+    def _follow(
+        self,
+        then: Callable[[np.ndarray | None], Any] | None,
+        rows: np.ndarray | None,
+        embedder: Embedder,
+    ) -> Any:
+        """A job's follow-up under the lock, and each `More` it asks for."""
+        if then is None:
+            return rows
+        with self._state:
+            result = then(rows)
+        while isinstance(result, More):
+            if result.after is not None:
+                result.after.wait(WARM_WAIT_S)
+            more = self._embed(result.texts, embedder)
+            with self._state:
+                result = result.then(more)
+        return result

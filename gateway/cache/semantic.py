@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -29,12 +30,12 @@ import orjson
 from redis.asyncio import Redis
 
 from gateway.cache import guards
-from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy
+from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy, More
 from gateway.cache.embedder import make_embedders
 from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
 from gateway.cache.semantic_store import RedisSemanticStore, entry_id_for
-from gateway.cache.shared_context import differing_clauses
+from gateway.cache.shared_context import clauses, differing_clauses
 from gateway.cache.verifier import Verifier, default_verifier
 from gateway.infra.hub import RedisHub
 from gateway.infra.tasks import stop_task
@@ -251,16 +252,21 @@ class SemanticCache:
         else:
             limit = verifier.retrieval_floor if verifier is not None else GUARDS_THRESHOLD
 
-        def search(vectors: np.ndarray | None) -> SemanticLookup | _Judged:
+        # A question of several clauses may share a dominant context with a candidate, which is
+        # then judged by the clauses the two differ in: an idle thread embeds this side's now,
+        # beside the question, instead of after it.
+        ahead = self.worker.warm(clauses(text)) if self.verifier is not None else None
+
+        def search(vectors: np.ndarray | None) -> SemanticLookup | More:
             assert vectors is not None
             if self._over_length(text):
                 return SemanticLookup("skipped", reason="too_long")
-            return self._match(namespace, text, vectors[0].copy(), limit, gs)
+            found = self._match(namespace, text, vectors[0].copy(), limit, gs)
+            return self._judge_clauses(found, ahead) if isinstance(found, _Judged) else found
 
         try:
             found = await self.worker.submit([text], search)
-            if isinstance(found, _Judged):
-                found = await self._judge_clauses(found)
+            assert isinstance(found, SemanticLookup)  # the worker follows every `More`
             return found
         except EmbedderBusy:
             return SemanticLookup("skipped", reason="busy")
@@ -339,9 +345,9 @@ class SemanticCache:
         """Under the index lock: the most probable candidate at or above the threshold (a pair
         sharing a dominant context by the probability of its clauses)."""
         top, chosen = -1.0, None
-        for sim, entry, p, clauses in judged.candidates:
-            if clauses is not None:
-                p = by_clauses.get(clauses, 0.0)
+        for sim, entry, p, differing in judged.candidates:
+            if differing is not None:
+                p = by_clauses.get(differing, 0.0)
             if p >= self._verifier_threshold and p > top:
                 top, chosen = p, (sim, entry)
         if chosen is None:
@@ -350,22 +356,22 @@ class SemanticCache:
             )
         return self._hit(*chosen, judged.vector)
 
-    async def _judge_clauses(self, judged: _Judged) -> SemanticLookup:
-        """Embed the clauses the candidates differ in (each text once, from the memo where it
-        can: the worker embeds before it takes the index lock), then pick under the lock."""
+    def _judge_clauses(self, judged: _Judged, ahead: threading.Event | None) -> More:
+        """The follow-up for candidates judged by their clauses: the worker embeds the clauses
+        they differ in (each text once, outside the index lock, from the memo where it can:
+        `ahead` warms the question's), then picks under the lock."""
         pairs = judged.clauses()
         texts = sorted({t for pair in pairs for t in pair})
         row = {t: i for i, t in enumerate(texts)}
 
-        def pick(vectors: np.ndarray | None) -> SemanticLookup:
-            assert vectors is not None
+        def pick(vectors: np.ndarray) -> SemanticLookup:
             by_clauses = {}
             for asked, cached in pairs:
                 cosine = float(vectors[row[asked]] @ vectors[row[cached]])
                 by_clauses[(asked, cached)] = self._clause_probability(asked, cached, cosine)
             return self._pick(judged, by_clauses)
 
-        return await self.worker.submit(texts, pick)
+        return More(texts, pick, ahead)
 
     def _unknown(self, text: str) -> tuple[str, ...]:
         """The parts of `text` the model reads as [UNK] (`Embedder.unknown_pieces`). Every

@@ -68,5 +68,22 @@ def differing_clauses(a: str, b: str) -> tuple[str, str] | None:
     return _text(wa[sa:ea]), _text(wb[sb:eb])
 
 
+def clauses(text: str) -> list[str]:
+    """Each clause of `text` as `differing_clauses` writes it, when the text has several and
+    enough words to share a dominant context: what a pair differing in one clause would judge
+    of this side (empty otherwise)."""
+    words = _WORDS.findall(text)
+    if len(words) < MIN_SHARED_WORDS:
+        return []
+    out, start = [], 0
+    for i, word in enumerate(words):
+        if _CLAUSE_END.search(word) or i == len(words) - 1:
+            clause = _text(words[start : i + 1])
+            if clause:
+                out.append(clause)
+            start = i + 1
+    return out if len(out) > 1 else []
+
+
 def _text(words: list[str]) -> str:
     return " ".join(w for w in words if w != "\n")

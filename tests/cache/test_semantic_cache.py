@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,7 +19,7 @@ from redis.backoff import NoBackoff
 pytest.importorskip("faiss")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from gateway.cache.async_embedder import AsyncEmbedder  # noqa: E402
+from gateway.cache.async_embedder import AsyncEmbedder, More  # noqa: E402
 from gateway.cache.embedder import make_embedder  # noqa: E402
 from gateway.cache.semantic import (  # noqa: E402
     SemanticCache,
@@ -369,6 +370,87 @@ async def test_several_workers_share_the_queue_and_memo() -> None:
         assert two.embedded == 8 and two.memo_hits == 0
         again = await two.embed([texts[3]])
         assert two.embedded == 8 and two.memo_hits == 1 and again.shape == (1, 384)
+    finally:
+        two.close()
+
+
+class _RecordingEmbedder(_SlowEmbedder):
+    """Each model call's texts and thread."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.calls.append((threading.current_thread().name, list(texts)))
+        return super().embed(texts)
+
+
+async def _idle(worker: AsyncEmbedder, threads: int) -> None:
+    """Until `threads` threads are idle (a thread counts as busy until its job's futures are
+    resolved)."""
+    for _ in range(500):
+        if worker.idle() >= threads:
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("the threads stayed busy")
+
+
+async def test_warm_runs_beside_a_job_on_an_idle_thread_never_batched_with_it() -> None:
+    rec = _RecordingEmbedder()
+    two = AsyncEmbedder([rec, rec], batch_max=8, queue_max=64)  # type: ignore[list-item]
+    try:
+        await _idle(two, 2)
+        done = two.warm(["clause one", "clause two"])
+        assert done is not None
+        await two.embed(["the question"])
+        assert await asyncio.to_thread(done.wait, 5)
+        # Two model calls on two threads: the warm in a batch of its own.
+        assert sorted(texts for _, texts in rec.calls) == [
+            ["clause one", "clause two"],
+            ["the question"],
+        ]
+        assert len({thread for thread, _ in rec.calls}) == 2
+        assert two.remembers("clause one") and two.warmed == 2
+        # Nothing left to warm (remembered), or no second idle thread: nothing queued.
+        await _idle(two, 2)
+        assert two.warm(["clause one"]) is None
+        stuck = asyncio.ensure_future(two.embed(["a long job"]))
+        await asyncio.sleep(0)  # the job is queued or taken: one thread left
+        assert two.idle() <= 1
+        assert two.warm(["another clause"]) is None
+        await stuck
+    finally:
+        two.close()
+    one = AsyncEmbedder(_RecordingEmbedder(), batch_max=8, queue_max=64)  # type: ignore[arg-type]
+    try:
+        await _idle(one, 1)
+        assert one.warm(["a clause"]) is None  # the caller's own job needs the only thread
+    finally:
+        one.close()
+
+
+async def test_a_follow_up_asks_for_more_vectors_on_its_own_thread() -> None:
+    rec = _RecordingEmbedder()
+    two = AsyncEmbedder([rec, rec], batch_max=8, queue_max=64)  # type: ignore[list-item]
+    try:
+        await _idle(two, 2)
+        ahead = two.warm(["b"])
+        seen: list[tuple[str, bool, int]] = []
+
+        def then(vectors: np.ndarray | None) -> More:
+            assert vectors is not None
+            seen.append((threading.current_thread().name, two._state.locked(), len(vectors)))
+            return More(["b", "c"], after_more, ahead)
+
+        def after_more(vectors: np.ndarray) -> str:
+            seen.append((threading.current_thread().name, two._state.locked(), len(vectors)))
+            return "done"
+
+        assert await two.submit(["a"], then) == "done"
+        # Both steps under the lock on one thread; "b" came from the warm, not embedded again.
+        assert seen[0][0] == seen[1][0] and seen[0][1:] == (True, 1) and seen[1][1:] == (True, 2)
+        model = sorted(t for _, texts in rec.calls for t in texts)
+        assert model == ["a", "b", "c"]
     finally:
         two.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from gateway.cache.pair_features import _text
 from gateway.cache.semantic import namespace_for
-from gateway.cache.shared_context import differing_clauses
+from gateway.cache.shared_context import clauses, differing_clauses
 
 pytest.importorskip("faiss", reason="the semantic extra is not installed")
 
@@ -165,6 +166,66 @@ def test_clauses_are_embedded_once_outside_the_index_lock() -> None:
     assert outcomes == ["hit", "hit", "rejected"]
     assert embedded[0] == 1  # the short question against its long variant: no clause to embed
     assert embedded[2] >= 2 and free and all(free)
+
+
+def test_a_texts_clauses_are_written_as_a_pair_differing_in_one_would_judge_them() -> None:
+    asked = f"{CONTEXT} How do we speed up the test suite?"
+    other = f"{CONTEXT} Which hosting provider is cheapest?"
+    assert differing_clauses(asked, other)[0] in clauses(asked)  # type: ignore[index]
+    sheet = "Product sheet\n- model X200 router\n- four LAN ports\nIs there a guest network?"
+    assert clauses(sheet) == [
+        "Product sheet",
+        "- model X200 router",
+        "- four LAN ports",
+        "Is there a guest network?",
+    ]
+    # One clause, or too few words to share a dominant context: nothing to judge apart.
+    assert clauses("How do I speed up the test suite of our Django app?") == []
+    assert clauses("Why? Because.") == []
+
+
+def test_an_idle_thread_embeds_the_questions_clauses_beside_it() -> None:
+    """A question of several clauses: while one thread embeds it, an idle one embeds its
+    clauses, so a candidate sharing its context is judged without embedding after the search
+    (a ~35-token paraphrase in one client: the clause had been a second model call after the
+    first); under load (no idle thread) nothing is embedded ahead."""
+    from gateway.cache.semantic import SemanticCache
+    from gateway.cache.semantic_settings import SemanticSettings
+
+    stored = f"{CONTEXT} How do we speed up the test suite?"
+    asked = f"{CONTEXT} How can we make the test suite faster?"
+
+    async def run() -> tuple[str, list[tuple[str, list[str]]], int]:
+        cache = SemanticCache(SemanticSettings(workers=2))
+        await cache.start()
+        calls: list[tuple[str, list[str]]] = []
+        embed = cache.worker._embed
+
+        def watched(texts: list[str], embedder: object) -> object:
+            fresh = [t for t in texts if not cache.worker.remembers(t)]
+            calls.append((threading.current_thread().name, fresh))
+            return embed(texts, embedder)  # type: ignore[arg-type]
+
+        try:
+            assert await cache.store("ns", stored, b"answer", wait_s=5)
+            assert await cache.worker.embed(clauses(stored)) is not None
+            while cache.worker.idle() < 2:  # noqa: ASYNC110 - a thread's count, no event
+                await asyncio.sleep(0.002)
+            cache.worker._embed = watched  # type: ignore[method-assign,assignment]
+            found = await cache.lookup("ns", asked)
+            return found.outcome, calls, cache.worker.warmed
+        finally:
+            await cache.aclose()
+
+    outcome, calls, warmed = asyncio.run(run())
+    assert outcome == "hit"
+    question = [thread for thread, texts in calls if texts == [asked]]
+    ahead = [thread for thread, texts in calls if "How can we make the test suite faster?" in texts]
+    assert warmed >= 1 and len(question) == 1 and len(ahead) == 1, calls
+    assert question != ahead  # two threads at once
+    # After the search the clause came from the memo: nothing was embedded again (the shared
+    # context's clauses were remembered from the stored text's).
+    assert sum(len(texts) for _, texts in calls) == 2, calls
 
 
 def test_pairs_judged_by_their_clauses_are_not_judged_whole() -> None:
