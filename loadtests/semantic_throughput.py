@@ -77,9 +77,16 @@ def questions(n: int, long: bool) -> list[str]:
     return out
 
 
-def paraphrases(texts: list[str]) -> list[str]:
-    """New rewordings of `texts` (each a hit for the verifier), shuffled (seeded)."""
-    forms = ("How can I ", "What is the way to ", "How should I ")
+def paraphrases(texts: list[str], long: bool = False) -> list[str]:
+    """New rewordings of `texts` (each a hit for the verifier), shuffled (seeded). Long ones
+    take other forms than short ones: their first sentence, which the cache judges apart (the
+    long questions share their second), must not be a short paraphrase asked before, whose
+    vector the memo would hold."""
+    forms = (
+        ("What's the best way to ", "How would I ", "Tell me how to ")
+        if long
+        else ("How can I ", "What is the way to ", "How should I ")
+    )
     out = [form + t.removeprefix("How do I ") for t in texts for form in forms]
     random.Random(11).shuffle(out)
     return out
@@ -286,7 +293,9 @@ def main() -> None:
             for length in lengths:
                 asyncio.run(warm(gw, texts[length]))
         reworded = {
-            (config, length): paraphrases(texts[length]) if args.paraphrases else None
+            (config, length): paraphrases(texts[length], length == "long")
+            if args.paraphrases
+            else None
             for config in configs
             for length in lengths
         }

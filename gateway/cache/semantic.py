@@ -520,4 +520,7 @@ class SemanticCache:
             "invalid": self.store_backend.invalid if self.store_backend else 0,
             "other_model": self.store_backend.other_model if self.store_backend else 0,
             "stored": self.stored,
+            "embedded": self.worker.embedded,
+            "memo_hits": self.worker.memo_hits,
+            "warmed": self.worker.warmed,
         }

@@ -411,6 +411,17 @@ class GatewayCollector(Collector):
             removed.add_metric(["evicted"], st["evicted"])
             removed.add_metric(["expired"], st["expired"])
             yield removed
+            texts = CounterMetricFamily(
+                "gateway_semantic_embedding_texts",
+                "Texts the semantic cache asked vectors for: embedded by the model, or found in "
+                "the vector memo; warmed: embedded ahead on an idle thread (a question's "
+                "clauses), counted in model too.",
+                labels=["how"],
+            )
+            texts.add_metric(["model"], st["embedded"])
+            texts.add_metric(["memo"], st["memo_hits"])
+            texts.add_metric(["warmed"], st["warmed"])
+            yield texts
 
     def _policy(self) -> Iterator[Metric]:
         r = self.reloader

@@ -193,6 +193,10 @@ def test_refresh_replaces_the_entry_and_stores_are_counted(gw: GatewayServer) ->
     metrics = httpx.get(gw.url + "/metrics", timeout=10).text
     for reason in ("evicted", "expired"):  # entries removed unasked are counted too
         assert f'gateway_semantic_removed_total{{reason="{reason}"}}' in metrics
+    # The embedding's texts: the model's and the memo's (the refresh reused its lookup's vector).
+    assert _metric(gw, 'gateway_semantic_embedding_texts_total{how="model"}') >= 2
+    assert _metric(gw, 'gateway_semantic_embedding_texts_total{how="memo"}') >= 1
+    assert 'gateway_semantic_embedding_texts_total{how="warmed"}' in metrics
 
 
 def test_refresh_burst_waits_instead_of_dropping_and_refusals_are_counted(fleet: Any) -> None:
