@@ -192,10 +192,10 @@ def onnx_available() -> bool:
 
 def make_embedders(kind: EmbedderKind, threads: int) -> list[Embedder]:
     """An embedder for each of `threads` threads: one instance shared by all where it may run
-    on several at once. One ONNX session for two threads embedded as many texts a second as
-    two sessions, 76 MB less RSS, and a lone request's embedding took 3.5-3.8 ms instead of
-    4.3-4.4 (short questions): the threads take turns and one copy of the weights stays warmer
-    in the CPU cache (BENCHMARKS.md)."""
+    on several at once. One ONNX session for two threads: the gateway's RSS 71 MB lower, as
+    many texts a second (within noise), and a lone request's embedding 3.9-4.0 ms instead of
+    4.6 (short questions) when the threads take turns: one copy of the weights stays warmer in
+    the CPU cache (BENCHMARKS.md)."""
     first = make_embedder(kind)
     if getattr(first, "concurrent", False):
         return [first] * threads
