@@ -46,6 +46,8 @@ Outcome = Literal["hit", "miss", "rejected", "skipped"]
 _MEMO_ENTRY_BYTES = 4 * 384 + 200  # a memoised vector, its key reference and LRU slot
 #: The tokenizer's longest word (`max_input_chars_per_word`); a longer one is one [UNK] token.
 _LONGEST_WORD = 100
+#: Clauses of a question embedded ahead, from its end (`AsyncEmbedder.warm`).
+_WARM_CLAUSES = 4
 
 
 def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
@@ -254,8 +256,11 @@ class SemanticCache:
 
         # A question of several clauses may share a dominant context with a candidate, which is
         # then judged by the clauses the two differ in: an idle thread embeds this side's now,
-        # beside the question, instead of after it.
-        ahead = self.worker.warm(clauses(text)) if self.verifier is not None else None
+        # beside the question, instead of after it. The last few only: a long context comes
+        # first and the question last, and the thread must be free again soon.
+        ahead = (
+            self.worker.warm(clauses(text)[-_WARM_CLAUSES:]) if self.verifier is not None else None
+        )
 
         def search(vectors: np.ndarray | None) -> SemanticLookup | More:
             assert vectors is not None

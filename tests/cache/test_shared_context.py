@@ -213,7 +213,14 @@ def test_an_idle_thread_embeds_the_questions_clauses_beside_it() -> None:
                 await asyncio.sleep(0.002)
             cache.worker._embed = watched  # type: ignore[method-assign,assignment]
             found = await cache.lookup("ns", asked)
-            return found.outcome, calls, cache.worker.warmed
+            warmed, first = cache.worker.warmed, list(calls)
+            # A long text: only its last few clauses are embedded ahead.
+            while cache.worker.idle() < 2:  # noqa: ASYNC110 - a thread's count, no event
+                await asyncio.sleep(0.002)
+            many = " ".join(f"Step {i} of the runbook is done." for i in range(10))
+            await cache.lookup("ns", many + " What comes next?")
+            assert 0 < cache.worker.warmed - warmed <= 4
+            return found.outcome, first, warmed
         finally:
             await cache.aclose()
 
