@@ -18,6 +18,7 @@ import queue
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 
 from gateway.cache.embedder import Embedder, OnnxEmbedder
 from loadtests.semantic_throughput import paraphrases, questions
@@ -43,7 +44,7 @@ def after_gaps(emb: Embedder, texts: list[str], gap_ms: float, spin: bool) -> fl
     return statistics.median(took) * 1000
 
 
-def taking_turns(embedders: list[Embedder], texts: list[str]) -> float:
+def taking_turns(embedders: Sequence[Embedder], texts: list[str]) -> float:
     """Median ms of one embedding when worker threads take turns, 3 ms apart."""
     jobs: list[queue.Queue[str | None]] = [queue.Queue() for _ in embedders]
     took: queue.Queue[float] = queue.Queue()
@@ -71,7 +72,7 @@ def taking_turns(embedders: list[Embedder], texts: list[str]) -> float:
     return statistics.median(times) * 1000
 
 
-def at_once(embedders: list[Embedder], texts: list[str]) -> float:
+def at_once(embedders: Sequence[Embedder], texts: list[str]) -> float:
     """Texts a second with every thread embedding its share at once."""
 
     def run(emb: Embedder, part: list[str]) -> None:

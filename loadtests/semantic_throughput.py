@@ -351,15 +351,19 @@ def main() -> None:
           "| miss in a new conversation: on / off ms | served |"
           + (" paraphrase hit p50 ms | paraphrases served |" if args.paraphrases else ""))  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.paraphrases else ""))
-    for config, length, r in rows:
-        para = f" {r['para_hit_p50_ms']:.1f} | {r['para_served']:.0%} |" if args.paraphrases else ""
+    for config, length, row in rows:
+        para = (
+            f" {row['para_hit_p50_ms']:.1f} | {row['para_served']:.0%} |"
+            if args.paraphrases
+            else ""
+        )
         print(
-            f"| {config} | {length} | {r['hits_per_s']:.0f} | {r['p50_ms']:.1f} / "
-            f"{r['p99_ms']:.1f} | {r['one_hit_p50_ms']:.1f} | {r['miss_sem_p50_ms']:.1f} / "
-            f"{r['miss_plain_p50_ms']:.1f} | {r['miss_topic_p50_ms']:.1f} / "
-            f"{r['miss_topic_plain_p50_ms']:.1f} | {r['ttft_topic_p50_ms']:.1f} / "
-            f"{r['ttft_topic_plain_p50_ms']:.1f} | {r['miss_conv_p50_ms']:.1f} / "
-            f"{r['miss_conv_plain_p50_ms']:.1f} | {r['served_share']:.0%} |{para}"
+            f"| {config} | {length} | {row['hits_per_s']:.0f} | {row['p50_ms']:.1f} / "
+            f"{row['p99_ms']:.1f} | {row['one_hit_p50_ms']:.1f} | {row['miss_sem_p50_ms']:.1f} / "
+            f"{row['miss_plain_p50_ms']:.1f} | {row['miss_topic_p50_ms']:.1f} / "
+            f"{row['miss_topic_plain_p50_ms']:.1f} | {row['ttft_topic_p50_ms']:.1f} / "
+            f"{row['ttft_topic_plain_p50_ms']:.1f} | {row['miss_conv_p50_ms']:.1f} / "
+            f"{row['miss_conv_plain_p50_ms']:.1f} | {row['served_share']:.0%} |{para}"
         )
 
 
