@@ -27,6 +27,7 @@ from gateway.cache.semantic import (  # noqa: E402
     namespace_for,
 )
 from gateway.cache.semantic_settings import SemanticSettings  # noqa: E402
+from tests.cache.test_shared_context import threads_idle  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/11"
 NS = "t1\x1fgpt\x1fctx"
@@ -385,21 +386,11 @@ class _RecordingEmbedder(_SlowEmbedder):
         return super().embed(texts)
 
 
-async def _idle(worker: AsyncEmbedder, threads: int) -> None:
-    """Until `threads` threads are idle (a thread counts as busy until its job's futures are
-    resolved)."""
-    for _ in range(500):
-        if worker.idle() >= threads:
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError("the threads stayed busy")
-
-
 async def test_warm_runs_beside_a_job_on_an_idle_thread_never_batched_with_it() -> None:
     rec = _RecordingEmbedder()
     two = AsyncEmbedder([rec, rec], batch_max=8, queue_max=64)  # type: ignore[list-item]
     try:
-        await _idle(two, 2)
+        await threads_idle(two, 2)
         done = two.warm(["clause one", "clause two"])
         assert done is not None
         await two.embed(["the question"])
@@ -412,7 +403,7 @@ async def test_warm_runs_beside_a_job_on_an_idle_thread_never_batched_with_it() 
         assert len({thread for thread, _ in rec.calls}) == 2
         assert two.remembers("clause one") and two.warmed == 2
         # Nothing left to warm (remembered), or no second idle thread: nothing queued.
-        await _idle(two, 2)
+        await threads_idle(two, 2)
         assert two.warm(["clause one"]) is None
         stuck = asyncio.ensure_future(two.embed(["a long job"]))
         await asyncio.sleep(0)  # the job is queued or taken: one thread left
@@ -423,7 +414,7 @@ async def test_warm_runs_beside_a_job_on_an_idle_thread_never_batched_with_it() 
         two.close()
     one = AsyncEmbedder(_RecordingEmbedder(), batch_max=8, queue_max=64)  # type: ignore[arg-type]
     try:
-        await _idle(one, 1)
+        await threads_idle(one, 1)
         assert one.warm(["a clause"]) is None  # the caller's own job needs the only thread
     finally:
         one.close()
@@ -433,7 +424,7 @@ async def test_a_follow_up_asks_for_more_vectors_on_its_own_thread() -> None:
     rec = _RecordingEmbedder()
     two = AsyncEmbedder([rec, rec], batch_max=8, queue_max=64)  # type: ignore[list-item]
     try:
-        await _idle(two, 2)
+        await threads_idle(two, 2)
         ahead = two.warm(["b"])
         seen: list[tuple[str, bool, int]] = []
 

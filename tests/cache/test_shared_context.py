@@ -45,6 +45,16 @@ def trees_watched(cache: Any) -> Iterator[list[list[str]]]:
         verifier.probabilities = probabilities
 
 
+async def threads_idle(worker: Any, threads: int) -> None:
+    """Until `threads` of the embedder's threads are idle (a thread counts as busy until its
+    job's futures are resolved)."""
+    for _ in range(500):
+        if worker.idle() >= threads:
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("the threads stayed busy")
+
+
 def test_the_differing_clauses_of_texts_sharing_a_context() -> None:
     a = f"{CONTEXT} How do we speed up the test suite?"
     b = f"{CONTEXT} Which hosting provider is cheapest?"
@@ -209,14 +219,12 @@ def test_an_idle_thread_embeds_the_questions_clauses_beside_it() -> None:
         try:
             assert await cache.store("ns", stored, b"answer", wait_s=5)
             assert await cache.worker.embed(clauses(stored)) is not None
-            while cache.worker.idle() < 2:  # noqa: ASYNC110 - a thread's count, no event
-                await asyncio.sleep(0.002)
+            await threads_idle(cache.worker, 2)
             cache.worker._embed = watched  # type: ignore[method-assign,assignment]
             found = await cache.lookup("ns", asked)
             warmed, first = cache.worker.warmed, list(calls)
             # A long text: only its last few clauses are embedded ahead.
-            while cache.worker.idle() < 2:  # noqa: ASYNC110 - a thread's count, no event
-                await asyncio.sleep(0.002)
+            await threads_idle(cache.worker, 2)
             many = " ".join(f"Step {i} of the runbook is done." for i in range(10))
             await cache.lookup("ns", many + " What comes next?")
             assert 0 < cache.worker.warmed - warmed <= 4
