@@ -420,6 +420,27 @@ async def test_warm_runs_beside_a_job_on_an_idle_thread_never_batched_with_it() 
         one.close()
 
 
+async def test_a_failed_warm_still_says_done_and_the_threads_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Failing(_RecordingEmbedder):
+        def embed(self, texts: list[str]) -> np.ndarray:
+            if "bad" in texts:
+                raise RuntimeError("model failure")
+            return super().embed(texts)
+
+    rec = Failing()
+    two = AsyncEmbedder([rec, rec], batch_max=8, queue_max=64)  # type: ignore[list-item]
+    try:
+        await threads_idle(two, 2)
+        done = two.warm(["bad"])
+        assert done is not None and await asyncio.to_thread(done.wait, 5)
+        assert not two.remembers("bad") and "embedding failed" in caplog.text
+        assert (await two.embed(["good"])).shape == (1, 384)  # no thread was lost
+    finally:
+        two.close()
+
+
 async def test_a_follow_up_asks_for_more_vectors_on_its_own_thread() -> None:
     rec = _RecordingEmbedder()
     two = AsyncEmbedder([rec, rec], batch_max=8, queue_max=64)  # type: ignore[list-item]
