@@ -128,6 +128,11 @@ class AsyncEmbedder:
         """Threads with nothing to do now (a hint: it may change at once)."""
         return len(self._threads) - self._busy - self._queue.qsize()
 
+    def can_warm(self) -> bool:
+        """Whether `warm` would queue anything now: the memo on and two threads idle (a
+        hint; check it before working out what to warm, which under load is never)."""
+        return bool(self._memo_max) and not self._closed and self.idle() >= 2
+
     def warm(self, texts: list[str]) -> threading.Event | None:
         """Embed into the memo, without waiting, those of `texts` it lacks: vectors the caller
         may soon need, computed on a thread that would otherwise idle. Only while at least two
@@ -135,7 +140,7 @@ class AsyncEmbedder:
         event set once they are done: pass it as a `More`'s `after`, so that they are not
         embedded twice."""
         todo = [t for t in texts if t not in self._memo]
-        if not todo or not self._memo_max or self._closed or self.idle() < 2:
+        if not todo or not self.can_warm():
             return None
         done = threading.Event()
         try:
