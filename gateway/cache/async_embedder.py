@@ -101,13 +101,14 @@ class AsyncEmbedder:
         self._memo_lock = threading.Lock()
         self._threads = [
             threading.Thread(
-                target=self._run, args=(e,), name=f"semantic-embedder-{i}", daemon=True
+                target=self._run, args=(i, e), name=f"semantic-embedder-{i}", daemon=True
             )
             for i, e in enumerate(embedders)
         ]
         self._closed = False
-        self._busy = 0  # threads holding a job (a hint: read without the lock)
-        self._busy_lock = threading.Lock()
+        # Each thread's own slot, True while it holds a job: written by that thread alone, read
+        # by `idle` without a lock (a hint), so the hot path takes no lock for it.
+        self._busy = [False] * len(embedders)
         self.warmed = 0
         """Texts embedded ahead by `warm`."""
         self.batches = 0
@@ -125,8 +126,9 @@ class AsyncEmbedder:
         return text in self._memo  # one dict read: atomic under the GIL, a hint only
 
     def idle(self) -> int:
-        """Threads with nothing to do now (a hint: it may change at once)."""
-        return len(self._threads) - self._busy - self._queue.qsize()
+        """Threads with nothing to do now (a hint: it may change at once; read without the
+        queue's lock)."""
+        return self._busy.count(False) - len(self._queue.queue)
 
     def can_warm(self) -> bool:
         """Whether `warm` would queue anything now: the memo on and two threads idle (a
@@ -202,10 +204,12 @@ class AsyncEmbedder:
     def _take_batch(self, first: _Job) -> tuple[list[_Job], bool]:
         batch, count, stop = [first], len(first.texts), False
         while count < self.batch_max and first.warmed is None:
-            with self._queue.mutex:
-                waiting = self._queue.queue
-                if waiting and waiting[0] is not None and waiting[0].warmed is not None:
-                    break  # left for another thread
+            try:  # a look at the head without the queue's lock: a hint, like `idle`
+                head = self._queue.queue[0]
+            except IndexError:
+                break
+            if head is not None and head.warmed is not None:
+                break  # left for another thread
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
@@ -217,20 +221,18 @@ class AsyncEmbedder:
             count += len(job.texts)
         return batch, stop
 
-    def _run(self, embedder: Embedder) -> None:
+    def _run(self, slot: int, embedder: Embedder) -> None:
         stop = False
         while not stop:
             first = self._queue.get()
             if first is None:
                 break
-            with self._busy_lock:
-                self._busy += 1
+            self._busy[slot] = True
             try:
                 batch, stop = self._take_batch(first)
                 self._process(batch, embedder)
             finally:
-                with self._busy_lock:
-                    self._busy -= 1
+                self._busy[slot] = False
 
     def _embed(self, texts: list[str], embedder: Embedder) -> np.ndarray:
         """Vectors of `texts`, from the memo where possible."""
