@@ -43,6 +43,12 @@ class EmbedderBusy(RuntimeError):
     """The embedding queue is full; the request should skip the semantic cache."""
 
 
+class JobFailed(RuntimeError):
+    """A job's embedding or follow-up raised on the worker thread, which logged it there with
+    its traceback (once for a whole batch); the caller counts it without logging it again.
+    `__cause__` is the exception itself."""
+
+
 @dataclass(slots=True)
 class More:
     """What a follow-up returns when it needs more vectors: the same thread embeds `texts`
@@ -68,6 +74,12 @@ class _Job:
     warmed: threading.Event | None = None
     """A `warm` job (no caller waits; it is embedded in a batch of its own: batched with the
     job it runs beside, it would run after it instead): set once its texts are done."""
+
+
+def _failed(exc: BaseException) -> JobFailed:
+    failed = JobFailed(f"{type(exc).__name__}: {exc}")
+    failed.__cause__ = exc
+    return failed
 
 
 def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -277,7 +289,7 @@ class AsyncEmbedder:
             rows = None
             if job.texts:
                 if embed_error is not None:
-                    error = embed_error
+                    error = _failed(embed_error)
                 else:
                     assert vectors is not None
                     rows = vectors[offset : offset + len(job.texts)]
@@ -290,7 +302,7 @@ class AsyncEmbedder:
                     result = self._follow(job.then, rows, embedder)
                 except Exception as exc:
                     log.exception("semantic cache job failed")
-                    error = exc
+                    error = _failed(exc)
             assert job.loop is not None and job.future is not None
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
                 job.loop.call_soon_threadsafe(_resolve, job.future, result, error)

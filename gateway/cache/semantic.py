@@ -30,7 +30,7 @@ import orjson
 from redis.asyncio import Redis
 
 from gateway.cache import guards
-from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy, More
+from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy, JobFailed, More
 from gateway.cache.embedder import make_embedders
 from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
@@ -277,6 +277,8 @@ class SemanticCache:
             return found
         except EmbedderBusy:
             return SemanticLookup("skipped", reason="busy")
+        except JobFailed:  # logged on the worker thread
+            return SemanticLookup("skipped", reason="error")
         except Exception:
             log.exception("semantic cache lookup failed")
             return SemanticLookup("skipped", reason="error")
@@ -447,6 +449,8 @@ class SemanticCache:
             )
         except EmbedderBusy:
             return self._refuse("busy")
+        except JobFailed:  # logged on the worker thread
+            return self._refuse("error")
         except Exception:
             log.exception("semantic cache store failed")
             return self._refuse("error")

@@ -441,6 +441,47 @@ async def test_a_failed_warm_still_says_done_and_the_threads_go_on(
         two.close()
 
 
+class _FailingEmbedder(_SlowEmbedder):
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if any("bad" in t for t in texts):
+            raise RuntimeError("model failure")
+        return super().embed(texts)
+
+
+async def test_a_failure_on_the_worker_is_logged_once_and_skips_the_cache(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = AsyncEmbedder(_FailingEmbedder(), batch_max=8, queue_max=64)  # type: ignore[arg-type]
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+
+    try:
+        cache = SemanticCache(_settings(threshold=0.5), worker=one)
+        assert await cache.store(NS, "good question", b"a")
+        # The model fails: the worker logs it, with its traceback; the lookup and the store
+        # that waited on it do not log it again.
+        caplog.clear()
+        res = await cache.lookup(NS, "bad question")
+        assert (res.outcome, res.reason) == ("skipped", "error")
+        assert logged() == ["embedding failed"] and caplog.records[0].exc_info is not None
+        caplog.clear()
+        assert not await cache.store(NS, "bad answer", b"a") and cache.refused["error"] == 1
+        assert logged() == ["embedding failed"]
+        # The follow-up fails (here the index search): logged once too.
+        caplog.clear()
+
+        def broken(*args: object) -> None:
+            raise RuntimeError("index failure")
+
+        monkeypatch.setattr(cache.index, "search", broken)
+        res = await cache.lookup(NS, "good question")
+        assert (res.outcome, res.reason) == ("skipped", "error")
+        assert logged() == ["semantic cache job failed"]
+    finally:
+        one.close()
+
+
 async def test_a_follow_up_asks_for_more_vectors_on_its_own_thread() -> None:
     rec = _RecordingEmbedder()
     two = AsyncEmbedder([rec, rec], batch_max=8, queue_max=64)  # type: ignore[list-item]
