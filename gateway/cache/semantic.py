@@ -132,17 +132,24 @@ class SemanticLookup:
     """Embedding of the looked-up text: pass it to `store` to avoid embedding twice."""
 
 
+#: A candidate with a clause the question lacks altogether (or the other way): never the same.
+_LACKING = ("", "")
+
+
 @dataclass(slots=True)
 class _Judged:
-    """A lookup's candidates judged on their whole texts, some of them (those sharing a dominant
-    context with the question) waiting for the verdict on their differing clauses."""
+    """A lookup's candidates for the verifier: each judged on its whole text (None), or, sharing
+    a dominant context with the question, on the clauses the two differ in (`_LACKING`: one
+    text lacks a clause altogether)."""
 
+    text: str
     best: float | None
     vector: np.ndarray
-    candidates: list[tuple[float, Entry, float, tuple[str, str] | None]]
+    candidates: list[tuple[float, Entry, tuple[str, str] | None]]
 
     def clauses(self) -> list[tuple[str, str]]:
-        return list(dict.fromkeys(c for *_, c in self.candidates if c is not None))
+        """The clause pairs to embed, each once."""
+        return list(dict.fromkeys(c for *_, c in self.candidates if c is not None and all(c)))
 
 
 class SemanticCache:
@@ -314,19 +321,12 @@ class SemanticCache:
             # against itself. Judging the others (under the index lock) changed nothing.
             return self._hit(sim, entry, vector)
         if self.verifier is not None:
-            # A pair sharing a dominant context is judged on its differing clauses alone: the
-            # trees run only on the other candidates' whole texts.
-            clauses_of = [differing_clauses(text, e.text) for _, e in candidates]
-            pairs = zip(candidates, clauses_of, strict=True)
-            whole = [(e.text, sim) for (sim, e), c in pairs if c is None]
-            scores = iter(self.verifier.probabilities(text, whole) if whole else ())
-            judged = _Judged(best, vector, [])
-            for (sim, entry), clauses in zip(candidates, clauses_of, strict=True):
-                p = next(scores) if clauses is None else 0.0  # else: by its clauses (`_pick`)
-                if clauses is not None and not all(clauses):
-                    # A clause one text lacks altogether: never the same question.
-                    clauses = None
-                judged.candidates.append((sim, entry, p, clauses))
+            judged = _Judged(text, best, vector, [])
+            for sim, entry in candidates:
+                differing = differing_clauses(text, entry.text)
+                if differing is not None and not all(differing):
+                    differing = _LACKING
+                judged.candidates.append((sim, entry, differing))
             if judged.clauses():
                 # Their clauses are embedded after this, outside the index lock (which every
                 # worker's lookup takes): embedding them here had serialised all lookups.
@@ -350,13 +350,29 @@ class SemanticCache:
         hit = SemanticHit(entry.entry_id, sim, entry.response, entry.text)
         return SemanticLookup("hit", hit, similarity=sim, vector=vector)
 
-    def _pick(self, judged: _Judged, by_clauses: Mapping[tuple[str, str], float]) -> SemanticLookup:
-        """Under the index lock: the most probable candidate at or above the threshold (a pair
-        sharing a dominant context by the probability of its clauses)."""
+    def _pick(self, judged: _Judged, cosines: Mapping[tuple[str, str], float]) -> SemanticLookup:
+        """Under the index lock: the most probable candidate at or above the threshold. Every
+        candidate is judged in one walk of the verifier's trees, whether on its whole text or
+        on its clauses (a walk costs about as much for four pairs as for two)."""
+        assert self.verifier is not None
+        floor = self.verifier.retrieval_floor
+        pairs: list[tuple[str, str, float]] = []
+        judged_at: list[int] = []
+        for i, (sim, entry, differing) in enumerate(judged.candidates):
+            if differing is None:
+                pairs.append((judged.text, entry.text, sim))
+            elif not all(differing) or not cosines[differing] >= floor:  # NaN too
+                continue
+            else:
+                # A pair sharing a dominant context: with the context the same word for word,
+                # the clauses they differ in are the question. Judging the whole texts let
+                # different questions after one long preamble through, and refused most
+                # rewordings (the model knows short questions).
+                pairs.append((*differing, cosines[differing]))
+            judged_at.append(i)
         top, chosen = -1.0, None
-        for sim, entry, p, differing in judged.candidates:
-            if differing is not None:
-                p = by_clauses.get(differing, 0.0)
+        for i, p in zip(judged_at, self.verifier.pair_probabilities(pairs), strict=True):
+            sim, entry, _ = judged.candidates[i]
             if p >= self._verifier_threshold and p > top:
                 top, chosen = p, (sim, entry)
         if chosen is None:
@@ -374,11 +390,9 @@ class SemanticCache:
         row = {t: i for i, t in enumerate(texts)}
 
         def pick(vectors: np.ndarray) -> SemanticLookup:
-            by_clauses = {}
-            for asked, cached in pairs:
-                cosine = float(vectors[row[asked]] @ vectors[row[cached]])
-                by_clauses[(asked, cached)] = self._clause_probability(asked, cached, cosine)
-            return self._pick(judged, by_clauses)
+            return self._pick(
+                judged, {(a, c): float(vectors[row[a]] @ vectors[row[c]]) for a, c in pairs}
+            )
 
         return More(texts, pick, ahead)
 
@@ -399,16 +413,6 @@ class SemanticCache:
         if len(text) < limit - 2 and text.isascii():
             return False
         return self.worker.embedder.count_tokens(text) > limit
-
-    def _clause_probability(self, asked: str, cached: str, cosine: float) -> float:
-        """The verifier's probability for the clauses two texts sharing a dominant context
-        differ in (`shared_context`): with the context the same word for word, they are the
-        question. Judging the whole texts instead let different questions after one long
-        preamble through, and refused most rewordings (the model knows short questions)."""
-        assert self.verifier is not None
-        if not cosine >= self.verifier.retrieval_floor:  # NaN too
-            return 0.0
-        return self.verifier.probability(asked, cached, cosine)
 
     async def store(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -61,20 +62,25 @@ class Verifier:
         """Candidates below this cosine are never verified (the model never saw them)."""
 
     def probability(self, query: str, candidate: str, cosine: float) -> float:
-        return self.probabilities(query, [(candidate, cosine)])[0]
+        return self.pair_probabilities([(query, candidate, cosine)])[0]
 
     def probabilities(self, query: str, candidates: list[tuple[str, float]]) -> list[float]:
         """The probability for each (cached question, cosine), the trees walked once for all:
         a lookup judges up to top_k candidates, and the walk costs the same for one or four."""
-        out = [1.0 if identical(query, c) else -1.0 for c, _ in candidates]
-        for i, (c, _) in enumerate(candidates):
+        return self.pair_probabilities([(query, c, cosine) for c, cosine in candidates])
+
+    def pair_probabilities(self, pairs: Sequence[tuple[str, str, float]]) -> list[float]:
+        """The probability for each (question, cached question, cosine), in one walk of the
+        trees: candidates judged by their clauses each bring a pair of their own."""
+        out = [1.0 if identical(q, c) else -1.0 for q, c, _ in pairs]
+        for i, (q, c, _) in enumerate(pairs):
             # a modifier added or another member of a kind named: another question, whatever
             # the trees say (they served such pairs of domains they never saw)
-            if out[i] < 0 and near_miss(query, c) is not None:
+            if out[i] < 0 and near_miss(q, c) is not None:
                 out[i] = 0.0
         todo = [i for i, p in enumerate(out) if p < 0]
         if todo:
-            xs = [features(query, candidates[i][0], candidates[i][1]) for i in todo]
+            xs = [features(*pairs[i]) for i in todo]
             for i, p in zip(todo, self.probabilities_of(xs), strict=True):
                 out[i] = p
         return out

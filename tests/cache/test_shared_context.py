@@ -32,17 +32,17 @@ def trees_watched(cache: Any) -> Iterator[list[list[str]]]:
     if verifier is None:
         yield calls
         return
-    probabilities = verifier.probabilities
+    judge = verifier.pair_probabilities
 
-    def watched(query: str, candidates: list[tuple[str, float]]) -> list[float]:
-        calls.append([c for c, _ in candidates])
-        return probabilities(query, candidates)
+    def watched(pairs: list[tuple[str, str, float]]) -> list[float]:
+        calls.append([c for _, c, _ in pairs])
+        return judge(pairs)
 
-    verifier.probabilities = watched
+    verifier.pair_probabilities = watched
     try:
         yield calls
     finally:
-        verifier.probabilities = probabilities
+        verifier.pair_probabilities = judge
 
 
 async def threads_idle(worker: Any, threads: int) -> None:
@@ -243,6 +243,40 @@ def test_an_idle_thread_embeds_the_questions_clauses_beside_it() -> None:
     # After the search the clause came from the memo: nothing was embedded again (the shared
     # context's clauses were remembered from the stored text's).
     assert sum(len(texts) for _, texts in calls) == 2, calls
+
+
+def test_every_candidate_is_judged_in_one_walk_of_the_trees() -> None:
+    """Candidates judged by their clauses and those judged whole go to the verifier together,
+    after the clauses are embedded: one walk of the trees a lookup, not one a candidate."""
+    from gateway.cache.semantic import SemanticCache
+    from gateway.cache.semantic_settings import SemanticSettings
+
+    stored = [
+        f"{CONTEXT} How do we speed up the test suite?",
+        f"{CONTEXT} How do we shorten the build?",
+        "How do we deploy Django?",
+    ]
+
+    async def run() -> tuple[str, list[list[str]]]:
+        cache = SemanticCache(SemanticSettings(vector_memo=0))
+        await cache.start()
+        try:
+            for text in stored:
+                assert await cache.store("ns", text, text.encode(), wait_s=5)
+            with trees_watched(cache) as calls:
+                asked = f"{CONTEXT} How can we make the test suite faster?"
+                found = await cache.lookup("ns", asked, threshold=-1.0)  # every entry a candidate
+            assert found.hit is not None
+            return found.hit.question, calls
+        finally:
+            await cache.aclose()
+
+    served, calls = asyncio.run(run())
+    assert served == stored[0]
+    assert len(calls) == 1, calls
+    # "How do we shorten the build?" is below the retrieval floor against the asked clause:
+    # never walked.
+    assert sorted(calls[0]) == sorted(["How do we speed up the test suite?", stored[2]]), calls
 
 
 def test_pairs_judged_by_their_clauses_are_not_judged_whole() -> None:
