@@ -65,8 +65,7 @@ class Verifier:
         return self.pair_probabilities([(query, candidate, cosine)])[0]
 
     def probabilities(self, query: str, candidates: list[tuple[str, float]]) -> list[float]:
-        """The probability for each (cached question, cosine), the trees walked once for all:
-        a lookup judges up to top_k candidates, and the walk costs the same for one or four."""
+        """The probability for each (cached question, cosine), the trees walked once for all."""
         return self.pair_probabilities([(query, c, cosine) for c, cosine in candidates])
 
     def pair_probabilities(self, pairs: Sequence[tuple[str, str, float]]) -> list[float]:
