@@ -19,8 +19,11 @@ def _default_redis_url() -> str:
     """Database 3, or one of its own for each pytest-xdist worker (gw0 → 8, gw1 → 9...): each
     flushes its own at the end, while the others still run."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    db = 8 + int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 3
-    return f"redis://127.0.0.1:6379/{db}"
+    if not (worker.startswith("gw") and worker[2:].isdigit()):
+        return "redis://127.0.0.1:6379/3"
+    if int(worker[2:]) > 7:  # Redis has 16 databases; sharing one would flush another's keys
+        raise RuntimeError("at most 8 test workers (TEST_WORKERS): one Redis database each")
+    return f"redis://127.0.0.1:6379/{8 + int(worker[2:])}"
 
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL") or _default_redis_url()

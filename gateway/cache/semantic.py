@@ -132,15 +132,11 @@ class SemanticLookup:
     """Embedding of the looked-up text: pass it to `store` to avoid embedding twice."""
 
 
-#: A candidate with a clause the question lacks altogether (or the other way): never the same.
-_LACKING = ("", "")
-
-
 @dataclass(slots=True)
 class _Judged:
     """A lookup's candidates for the verifier: each judged on its whole text (None), or, sharing
-    a dominant context with the question, on the clauses the two differ in (`_LACKING`: one
-    text lacks a clause altogether)."""
+    a dominant context with the question, on the clauses the two differ in (one of them empty:
+    a clause one text lacks altogether, never the same question)."""
 
     text: str
     best: float | None
@@ -321,12 +317,8 @@ class SemanticCache:
             # against itself. Judging the others (under the index lock) changed nothing.
             return self._hit(sim, entry, vector)
         if self.verifier is not None:
-            judged = _Judged(text, best, vector, [])
-            for sim, entry in candidates:
-                differing = differing_clauses(text, entry.text)
-                if differing is not None and not all(differing):
-                    differing = _LACKING
-                judged.candidates.append((sim, entry, differing))
+            by = [(sim, e, differing_clauses(text, e.text)) for sim, e in candidates]
+            judged = _Judged(text, best, vector, by)
             if judged.clauses():
                 # Their clauses are embedded after this, outside the index lock (which every
                 # worker's lookup takes): embedding them here had serialised all lookups.

@@ -28,8 +28,8 @@ from gateway.cache.semantic import (  # noqa: E402
 )
 from gateway.cache.semantic_settings import SemanticSettings  # noqa: E402
 from tests.cache.test_shared_context import threads_idle  # noqa: E402
+from tests.conftest import REDIS_URL  # noqa: E402  (this worker's database)
 
-REDIS_URL = "redis://127.0.0.1:6379/11"
 NS = "t1\x1fgpt\x1fctx"
 
 
@@ -55,7 +55,7 @@ async def redis() -> AsyncIterator[Redis]:
     try:
         await r.ping()
     except Exception:
-        pytest.skip("Redis not running on 127.0.0.1:6379")
+        pytest.skip(f"Redis not running at {REDIS_URL}")
     yield r
     keys = [k async for k in r.scan_iter(match="test:sem:*", count=1000)]
     if keys:
@@ -420,16 +420,19 @@ async def test_warm_runs_beside_a_job_on_an_idle_thread_never_batched_with_it() 
         one.close()
 
 
+class _FailingEmbedder(_RecordingEmbedder):
+    """Fails every model call with a text containing "bad"."""
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if any("bad" in t for t in texts):
+            raise RuntimeError("model failure")
+        return super().embed(texts)
+
+
 async def test_a_failed_warm_still_says_done_and_the_threads_go_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    class Failing(_RecordingEmbedder):
-        def embed(self, texts: list[str]) -> np.ndarray:
-            if "bad" in texts:
-                raise RuntimeError("model failure")
-            return super().embed(texts)
-
-    rec = Failing()
+    rec = _FailingEmbedder()
     two = AsyncEmbedder([rec, rec], batch_max=8, queue_max=64)  # type: ignore[list-item]
     try:
         await threads_idle(two, 2)
@@ -439,13 +442,6 @@ async def test_a_failed_warm_still_says_done_and_the_threads_go_on(
         assert (await two.embed(["good"])).shape == (1, 384)  # no thread was lost
     finally:
         two.close()
-
-
-class _FailingEmbedder(_SlowEmbedder):
-    def embed(self, texts: list[str]) -> np.ndarray:
-        if any("bad" in t for t in texts):
-            raise RuntimeError("model failure")
-        return super().embed(texts)
 
 
 async def test_a_failure_on_the_worker_is_logged_once_and_skips_the_cache(

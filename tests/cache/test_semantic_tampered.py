@@ -30,8 +30,8 @@ from gateway.cache.semantic import SemanticCache  # noqa: E402
 from gateway.cache.semantic_index import Entry  # noqa: E402
 from gateway.cache.semantic_settings import SemanticSettings  # noqa: E402
 from gateway.cache.semantic_store import encode_entry, entry_id_for  # noqa: E402
+from tests.conftest import REDIS_URL  # noqa: E402  (this worker's database)
 
-REDIS_URL = "redis://127.0.0.1:6379/11"
 NS = "t1\x1fchat\x1fctx"
 ASKED = "How do I bake sourdough bread?"
 OTHER = "How do I reset my password?"
@@ -51,7 +51,7 @@ async def redis() -> AsyncIterator[Redis]:
     try:
         await r.ping()
     except Exception:
-        pytest.skip("Redis not running on 127.0.0.1:6379")
+        pytest.skip(f"Redis not running at {REDIS_URL}")
     yield r
     keys = [k async for k in r.scan_iter(match="test:semtamper:*", count=1000)]
     if keys:
