@@ -10,7 +10,8 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
   question against a copy with one meaning flip (antonym, direction, operator, number, negation,
   swapped names);
 - `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
-  or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings);
+  or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings),
+  and `forum_probe.tsv` (questions in the style of a Q&A forum);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
 
@@ -117,11 +118,15 @@ def load_unseen() -> list[Pair]:
     evaluation only, every pair in the holdout split. A pair with a sentence that also occurs in
     a training source (written/, chat_pairs.tsv) is left out, so none of it was ever seen. A new
     model trained with these files must not be judged on them."""
-    seen = {t.lower() for p in load_written() + load_chat() for t in (p.s1, p.s2)}
+    return _never_trained(_load_folder("unseen", "holdout"))
+
+
+def _never_trained(pairs: list[Pair]) -> list[Pair]:
+    """`pairs` less those with a sentence that also occurs in a training source (written/,
+    chat_pairs.tsv): an evaluation set must hold nothing a model has seen."""
+    seen = {t.strip().lower() for p in load_written() + load_chat() for t in (p.s1, p.s2)}
     return [
-        p
-        for p in _load_folder("unseen", "holdout")
-        if p.s1.lower() not in seen and p.s2.lower() not in seen
+        p for p in pairs if p.s1.strip().lower() not in seen and p.s2.strip().lower() not in seen
     ]
 
 
@@ -139,6 +144,15 @@ def load_context_probe() -> list[Pair]:
     measured on it), evaluation only: one long context, then a question; the same question
     reworded, or another question after the same context (40 pairs over 8 contexts)."""
     return load_tsv("context_probe.tsv", "context_probe", split="holdout")
+
+
+def load_forum_probe() -> list[Pair]:
+    """Hand-written (2026-12-07), evaluation only, never looked at before it was first scored:
+    questions in the style of a Q&A forum (short, casual, some lower case or without a question
+    mark): 60 rewordings, and 60 other questions sharing most words (another entity, aspect,
+    scope or antonym), two per cached question. The stand-in for QQP-style pairs. Pairs with a
+    sentence that a training file also holds ("Why is the sky blue?") are left out."""
+    return _never_trained(load_tsv("forum_probe.tsv", "forum_probe", split="holdout"))
 
 
 def load_near_misses() -> list[Pair]:
