@@ -81,6 +81,15 @@ def test_a_namespace_up_to_256_printable_characters_keys_the_cache(gw, fleet) ->
     assert requests_at(fleet, "a") == 3
 
 
+def test_a_ttl_of_zero_stores_nothing_in_the_exact_cache(gw, fleet) -> None:
+    ttl0 = {"x-gateway-cache-ttl": "0"}
+    assert post(gw, ttl0).headers["x-gateway-cache"] == "miss"
+    assert post(gw, ttl0).headers["x-gateway-cache"] == "miss"
+    assert post(gw).headers["x-gateway-cache"] == "miss"  # nothing was stored
+    assert post(gw, ttl0).headers["x-gateway-cache"] == "hit-exact"  # it still reads
+    assert requests_at(fleet, "a") == 3
+
+
 def test_the_other_apis_refuse_a_bad_namespace_in_their_own_shape(gw, fleet) -> None:
     client = anthropic.Anthropic(base_url=gw.url, api_key="key-1", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as bad:

@@ -54,6 +54,7 @@ def ask(
     extra: dict | None = None,
     cache_control: str | None = None,
     name: str | None = None,
+    ttl: str | None = None,
 ) -> httpx.Response:
     asked: dict[str, Any] = {"role": "user", "content": question}
     if name is not None:
@@ -70,6 +71,8 @@ def ask(
         headers["x-gateway-cache-namespace"] = namespace
     if cache_control is not None:
         headers["cache-control"] = cache_control
+    if ttl is not None:
+        headers["x-gateway-cache-ttl"] = ttl
     r = httpx.post(gw.base_url + "/chat/completions", json=body, headers=headers, timeout=30)
     assert r.status_code == 200, r.text
     return r
@@ -174,6 +177,16 @@ def _metric(gw: GatewayServer, line_start: str) -> float:
         if line.startswith(line_start):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def test_a_ttl_of_zero_stores_nothing(gw: GatewayServer) -> None:
+    """`x-gateway-cache-ttl: 0` asks that this answer not be kept: it was an entry of one second."""
+    ns = {"namespace": f"ttl0-{uuid.uuid4().hex}"}
+    stored = _metric(gw, 'gateway_semantic_stores_total{outcome="stored"')
+    assert ask(gw, QUESTION, ttl="0", **ns).headers["x-gateway-cache"] == "miss"
+    time.sleep(0.3)  # a store would have happened by now (it was 1 s long before)
+    assert _metric(gw, 'gateway_semantic_stores_total{outcome="stored"') == stored
+    cached_then_hit(gw, **ns)  # a miss (nothing was stored), then stored as usual
 
 
 def test_refresh_replaces_the_entry_and_stores_are_counted(gw: GatewayServer) -> None:

@@ -292,6 +292,6 @@ def test_a_ttl_header_that_is_not_plain_ascii_digits_is_ignored(header: str) -> 
     assert clamp_ttl(header, 600) == 600
 
 
-@pytest.mark.parametrize(("header", "ttl"), [("5", 5), ("0", 1), ("999999999999", 600)])
+@pytest.mark.parametrize(("header", "ttl"), [("5", 5), ("0", 0), ("000", 0), ("999999999999", 600)])
 def test_a_ttl_header_may_only_shorten_the_ttl(header: str, ttl: int) -> None:
     assert clamp_ttl(header, 600) == ttl

@@ -41,11 +41,11 @@ log = logging.getLogger("gateway.cache")
 
 
 def clamp_ttl(header: str | None, policy_ttl_s: int) -> int:
-    """A client's `x-gateway-cache-ttl` may shorten the policy's TTL, never extend it; anything
-    but plain ASCII digits (str.isdigit also takes '²' and other scripts' digits, which int()
-    refuses or reads otherwise) is ignored."""
+    """A client's `x-gateway-cache-ttl` may shorten the policy's TTL, never extend it; 0 means
+    the answer is not stored. Anything but plain ASCII digits (str.isdigit also takes '²' and
+    other scripts' digits, which int() refuses or reads otherwise) is ignored."""
     if header and len(header) <= 12 and header.isascii() and header.isdigit():
-        return max(1, min(int(header), policy_ttl_s))
+        return min(int(header), policy_ttl_s)
     return policy_ttl_s
 
 
@@ -216,6 +216,7 @@ class CachePlan:
     leader: bool = False
     max_age_s: int | None = None  # the client's Cache-Control max-age: older entries are misses
     max_entry_bytes: int = 2**20  # larger answers are not stored in the exact cache
+    keep: bool = True  # False: the client's `x-gateway-cache-ttl: 0`, the answer is not stored
 
 
 def _failed(call: asyncio.Future[Response]) -> bool:
@@ -298,10 +299,10 @@ class Cache:
         if not use_exact and semantic is None:
             return None
         ttl_header = headers.get("x-gateway-cache-ttl")
-        ttl = clamp_ttl(ttl_header, exact.ttl_s)
-        if ttl_header and semantic is not None:
+        ttl = clamp_ttl(ttl_header, exact.ttl_s)  # policies' TTLs are >= 1: 0 only if asked
+        if ttl_header and semantic is not None and ttl > 0:
             limit = semantic.ttl_s if semantic.ttl_s is not None else self.semantic.settings.ttl_s
-            semantic.ttl_s = clamp_ttl(ttl_header, int(limit))
+            semantic.ttl_s = max(1, clamp_ttl(ttl_header, int(limit)))
         key = exact_key(ctx.tenant, acc.model, acc.endpoint, acc.body, namespace, route)
         ctx.cache = "miss"
         if semantic is not None and "no-cache" in cc:
@@ -314,6 +315,7 @@ class Cache:
             semantic=semantic,
             max_age_s=cache_max_age(headers.get("cache-control")),
             max_entry_bytes=exact.max_entry_bytes,
+            keep=ttl > 0,
         )
 
     async def _lookup(self, plan: CachePlan, ctx: Context) -> bytes | None:
@@ -426,6 +428,8 @@ class Cache:
         the same moment); an answer a content filter stopped is not stored (`storable`)."""
         if plan.leader:
             self.flights.resolve(plan.key, body)
+        if not plan.keep:
+            return None
         if not storable(body):
             self._unstored(plan, "content_filter")
             return None
