@@ -5,6 +5,13 @@ Loads the embedding model, measures RSS, then stores N entries in N namespaces t
 embedder) and measures RSS again. The cache must stay within `max_bytes` plus the model.
 
     python -m loadtests.semantic_memory [--entries 100000] [--max-mb 512] [--response-bytes 500]
+
+`--http`: the same through the real gateway (`gateway serve` as its own process, the simulated
+upstream on loopback, default semantic settings but `max_bytes`): N chat requests, each its own
+conversation (a system prompt of its own) and a question of its own, from 16 clients, each a
+refresh (`Cache-Control: no-cache`: its store waits for the embedder instead of being refused when
+the queue is full); every one is answered upstream, embedded and stored. The gateway's RSS (`/metrics`) is read
+after a warm-up that loads the model and again at the end, with what the cache counted.
 """
 
 from __future__ import annotations
@@ -73,13 +80,101 @@ async def run(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+HTTP_POLICY = """
+providers:
+  zero: {{base_url: '{url}', max_inflight: 4096}}
+pools:
+  main: {{members: [zero]}}
+semantic_cache: {{max_bytes: {max_bytes}}}
+models:
+  chat: {{pool: main, cache: {{exact: {{enabled: false}}, semantic: {{enabled: true}}}}}}
+"""
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name))
+
+
+async def _ask_all(base_url: str, first: int, count: int, clients: int) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as s:
+        next_i = first
+
+        async def client() -> None:
+            nonlocal next_i
+            while next_i < first + count:
+                i, next_i = next_i, next_i + 1
+                body = {
+                    "model": "chat",
+                    "temperature": 0,
+                    "max_tokens": 8,
+                    "messages": [
+                        {"role": "system", "content": f"You help the customer of order {i}."},
+                        {"role": "user", "content": f"Where is my parcel number {i} right now?"},
+                    ],
+                }
+                # A refresh waits for its store: a new conversation has nothing to look up, so
+                # it goes upstream at once, faster than its question is embedded, and a burst of
+                # plain requests would see most stores refused (counted) once the queue is full.
+                headers = {"cache-control": "no-cache"}
+                async with s.post(base_url + "/chat/completions", json=body, headers=headers) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"request {i}: HTTP {r.status}")
+
+        await asyncio.gather(*(client() for _ in range(clients)))
+
+
+def run_http(args: argparse.Namespace) -> dict[str, float]:
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+
+    from loadtests.processes import gateway_process
+    from loadtests.simulator.testing import spawn_fleet
+
+    folder = Path(tempfile.mkdtemp(prefix="sem-memory-"))
+    policy = folder / "policy.yaml"
+    with spawn_fleet([{"name": "zero", "profile": "zero-latency"}]) as fleet:
+        policy.write_text(HTTP_POLICY.format(url=fleet.url("zero"), max_bytes=args.max_mb << 20))
+        with gateway_process(policy, env={"GATEWAY_ACCESS_LOG": "0"}) as gw:
+            metrics = gw.removesuffix("/v1") + "/metrics"
+            asyncio.run(_ask_all(gw, 0, 500, args.clients))  # the model loaded and warm
+            before = httpx.get(metrics).text
+            t0 = time.perf_counter()
+            asyncio.run(_ask_all(gw, 500, args.entries, args.clients))
+            elapsed = time.perf_counter() - t0
+            time.sleep(1.0)  # the last stores land
+            after = httpx.get(metrics).text
+    rss = "process_resident_memory_bytes "
+    base, end = _metric(before, rss) / 2**20, _metric(after, rss) / 2**20
+    size = 'gateway_semantic_cache_size{what="'
+    return {
+        "requests": args.entries,
+        "entries_stored": int(_metric(after, size + 'entries"}')),
+        "namespaces": int(_metric(after, size + 'namespaces"}')),
+        "evicted": int(_metric(after, 'gateway_semantic_removed_total{reason="evicted"}')),
+        "refused": int(_metric(after, 'gateway_semantic_stores_total{outcome="refused"')),
+        "counted_mb": _metric(after, size + 'bytes"}') / 2**20,
+        "max_mb": args.max_mb,
+        "rss_model_mb": base,
+        "rss_after_mb": end,
+        "rss_growth_mb": end - base,
+        "requests_per_s": args.entries / elapsed,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entries", type=int, default=100_000)
     ap.add_argument("--max-mb", type=int, default=512)
     ap.add_argument("--response-bytes", type=int, default=500)
+    ap.add_argument("--http", action="store_true", help="through a `gateway serve` process")
+    ap.add_argument("--clients", type=int, default=16, help="--http: concurrent clients")
     args = ap.parse_args()
-    out = asyncio.run(run(args))
+    out = run_http(args) if args.http else asyncio.run(run(args))
     for k, v in out.items():
         print(f"{k}: {v:.1f}" if isinstance(v, float) else f"{k}: {v}")
     within = out["rss_growth_mb"] <= out["max_mb"]
