@@ -15,7 +15,9 @@ off, vector memo off so every request really embeds its question) and `plain` (n
   streamed, timed to the first content chunk), and the same in a new conversation (earlier turns never seen: an empty namespace, no embedding).
   With `--paraphrases`, each turn also asks a new rewording of a stored question ("How can I
   ...?" for "How do I ...?"): hits that embed, so that new questions often find an answer and
-  `race_rare_hits` no longer races them.
+  `race_rare_hits` no longer races them. With `--burst-paraphrases`, the concurrent clients ask
+  new rewordings too, each text once per gateway, so every hit embeds its question and judges its
+  candidates even with the vector memo on.
 
 All configurations run at once and are measured in rotating turns (`--rounds`), so the load of
 the shared machine falls on each alike; the figures are medians over rounds.
@@ -92,6 +94,31 @@ def paraphrases(texts: list[str], long: bool = False) -> list[str]:
     return out
 
 
+#: Endings that keep a question's meaning ("safely?"): with the forms above, enough distinct
+#: rewordings for 16 clients to ask a new one every time (`--burst-paraphrases`).
+ENDINGS = (
+    " safely?", " safely, please?", " in a safe way?", " without any risk?", " safely, thanks?",
+    " safely and easily?", " in a secure way?", " safely, if possible?", " safely please?",
+    " the safe way?", " without risk?", " safely today?",
+)  # fmt: skip
+BURST_FORMS = (
+    "How can I ", "What is the way to ", "How should I ", "What's the best way to ",
+    "How would I ", "Tell me how to ",
+)  # fmt: skip
+
+
+def many_paraphrases(texts: list[str]) -> list[str]:
+    """Distinct rewordings of `texts`, never one `paraphrases` gives, shuffled (seeded)."""
+    out = [
+        form + t.removeprefix("How do I ").replace(" safely?", end, 1)
+        for t in texts
+        for form in BURST_FORMS
+        for end in ENDINGS[1:]
+    ]
+    random.Random(13).shuffle(out)
+    return out
+
+
 def topic_words() -> list[str]:
     """Distinct longer words of the repository's written question sets, shuffled (seeded)."""
     words: set[str] = set()
@@ -158,10 +185,12 @@ async def burst(
     seconds: float,
     topics: list[str],
     reworded: list[str] | None = None,
+    burst_texts: list[str] | None = None,
 ) -> dict[str, float]:
     """One client's hits and misses (semantic on / off, interleaved), then `clients` at once.
     `topics`: words never asked before (three are taken per new-topic question); `reworded`:
-    new paraphrases of stored questions (one asked per turn), or None."""
+    new paraphrases of stored questions (one asked per turn), or None; `burst_texts`: what the
+    clients ask, each text once (taken from the end), instead of the stored questions."""
     url = gw + "/chat/completions"
     conn = aiohttp.TCPConnector(limit=clients + 2)
     async with aiohttp.ClientSession(connector=conn) as s:
@@ -195,7 +224,8 @@ async def burst(
         async def client(k: int) -> None:
             i = k
             while time.perf_counter() < stop:
-                d, kind = await post(s, url, body("sem", texts[i % len(texts)]))
+                text = burst_texts.pop() if burst_texts else texts[i % len(texts)]
+                d, kind = await post(s, url, body("sem", text))
                 lat.append(d)
                 kinds[kind] = kinds.get(kind, 0) + 1
                 i += clients
@@ -256,6 +286,12 @@ def main() -> None:
         help="another commit: each configuration also runs on its gateway (CONFIG@base), in the "
         "same rotation",
     )
+    ap.add_argument(
+        "--burst-paraphrases",
+        action="store_true",
+        help="the concurrent clients ask new rewordings of the stored questions, each once, "
+        "instead of the questions themselves (hits that embed and judge, memo or not)",
+    )
     args = ap.parse_args()
     configs = args.configs.split(",")
     if args.baseline:
@@ -299,6 +335,12 @@ def main() -> None:
             for config in configs
             for length in lengths
         }
+        # One pool per gateway and length: no text is asked twice of one gateway (its memo).
+        bursts = {
+            (config, length): many_paraphrases(texts[length]) if args.burst_paraphrases else None
+            for config in configs
+            for length in lengths
+        }
         topics = topic_words()
         need = 120 * args.rounds * len(configs) * len(lengths)
         assert len(topics) >= need, f"{len(topics)} topic words, {need} needed: fewer rounds"
@@ -314,8 +356,11 @@ def main() -> None:
                             args.seconds,
                             topics,
                             reworded[config, length],
+                            bursts[config, length],
                         )
                     )
+                    if bursts[config, length] is not None:
+                        res["burst_texts_left"] = len(bursts[config, length] or [])
                     runs.setdefault((config, length), []).append(res)
                     print(r, config, length, {k: round(v, 1) for k, v in res.items()}, flush=True)
             for config, gw in gateways.items():  # upstream calls started for late lookups
