@@ -9,9 +9,10 @@ embedder) and measures RSS again. The cache must stay within `max_bytes` plus th
 `--http`: the same through the real gateway (`gateway serve` as its own process, the simulated
 upstream on loopback, default semantic settings but `max_bytes`): N chat requests, each its own
 conversation (a system prompt of its own) and a question of its own, from 16 clients, each a
-refresh (`Cache-Control: no-cache`: its store waits for the embedder instead of being refused when
-the queue is full); every one is answered upstream, embedded and stored. The gateway's RSS (`/metrics`) is read
-after a warm-up that loads the model and again at the end, with what the cache counted.
+refresh (`Cache-Control: no-cache`: its store waits for the embedder instead of being refused
+when the queue is full); every one is answered upstream, embedded and stored. The gateway's RSS
+(`/metrics`) is read after a warm-up that loads the model and again at the end, with what the
+cache counted.
 """
 
 from __future__ import annotations

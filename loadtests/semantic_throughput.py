@@ -94,10 +94,11 @@ def paraphrases(texts: list[str], long: bool = False) -> list[str]:
     return out
 
 
-#: Endings that keep a question's meaning ("safely?"): with the forms above, enough distinct
-#: rewordings for 16 clients to ask a new one every time (`--burst-paraphrases`).
+#: Other endings for "... safely?" that keep the question (`paraphrases` keeps the original
+#: one): with these forms, enough distinct rewordings for 16 clients to ask a new one every time
+#: for seconds (`--burst-paraphrases`; a pool used up falls back to the stored questions).
 ENDINGS = (
-    " safely?", " safely, please?", " in a safe way?", " without any risk?", " safely, thanks?",
+    " safely, please?", " in a safe way?", " without any risk?", " safely, thanks?",
     " safely and easily?", " in a secure way?", " safely, if possible?", " safely please?",
     " the safe way?", " without risk?", " safely today?",
 )  # fmt: skip
@@ -113,7 +114,7 @@ def many_paraphrases(texts: list[str]) -> list[str]:
         form + t.removeprefix("How do I ").replace(" safely?", end, 1)
         for t in texts
         for form in BURST_FORMS
-        for end in ENDINGS[1:]
+        for end in ENDINGS
     ]
     random.Random(13).shuffle(out)
     return out
