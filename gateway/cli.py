@@ -134,7 +134,8 @@ def serve(
             # httptools the gateway's protocol applies every `server:` limit, also after reloads.
             timeout_keep_alive=max(1, math.ceil(loaded.server.keepalive_timeout_s)),
             # SIGTERM: stop accepting, finish requests and streams for up to drain_s, then exit.
-            timeout_graceful_shutdown=loaded.replicas.drain_s,
+            # uvicorn annotates it int but waits with it as a timeout: seconds and fractions.
+            timeout_graceful_shutdown=loaded.replicas.drain_s,  # type: ignore[arg-type]
         )
     finally:
         import shutil
@@ -274,4 +275,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

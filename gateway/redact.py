@@ -112,9 +112,9 @@ class Redactor:
     def mask(self, data: bytes) -> bytes:
         """`data` with every spelling of a secret masked: plain ones whole, then their leading
         or trailing parts (a stream cut between events), then base64 ones."""
-        return self.encoded(self.fragments(self.bytes(data)))
+        return self.encoded(self.fragments(self.plain(data)))
 
-    def bytes(self, data: bytes) -> bytes:
+    def plain(self, data: bytes) -> bytes:
         """`data` with every plain spelling of a secret masked, in any case."""
         low = data.lower()  # byte for byte: positions in it are positions in `data`
         spans = [span for s in self._bytes for span in _find_all(low, s)]

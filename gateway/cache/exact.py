@@ -176,7 +176,8 @@ class RedisStore:
 
     async def get(self, key: str) -> bytes | None:
         k = self.state.key("exact", key)
-        return await self.state.call(lambda r: r.get(k), None)
+        raw = await self.state.call(lambda r: r.get(k), None)
+        return raw.encode() if isinstance(raw, str) else raw  # bytes: no decode_responses
 
     async def set(self, key: str, value: bytes, ttl_s: int) -> None:
         k = self.state.key("exact", key)

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import numpy as np
 import orjson
-from redis.asyncio import Redis
 
 from gateway.cache import guards
 from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy, JobFailed, More
@@ -38,6 +37,7 @@ from gateway.cache.semantic_store import RedisSemanticStore, entry_id_for
 from gateway.cache.shared_context import clauses, differing_clauses
 from gateway.cache.verifier import Verifier, default_verifier
 from gateway.infra.hub import RedisHub
+from gateway.infra.redis_client import AnyRedis
 from gateway.infra.tasks import stop_task
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class SemanticCache:
         self,
         settings: SemanticSettings | None = None,
         *,
-        redis: Redis | None = None,
+        redis: AnyRedis | None = None,
         worker: AsyncEmbedder | None = None,
         clock: Callable[[], float] = time.time,
         hub: RedisHub | None = None,

@@ -22,11 +22,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import orjson
-from redis.asyncio import Redis
 
 from gateway.cache.semantic_index import Entry
 from gateway.infra.hub import RedisHub
-from gateway.infra.redis_client import is_cluster
+from gateway.infra.redis_client import AnyRedis, is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +116,7 @@ class RedisSemanticStore:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: AnyRedis,
         *,
         prefix: str,
         channel: str,

@@ -416,7 +416,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
                 # The app's hook for a client gone while its request waits (gateway.http.server):
                 # called here, so no task per request has to listen for the disconnect.
                 gone = cycle.scope.get(GONE_KEY)  # type: ignore[call-overload]
-                if gone is not None:
+                if callable(gone):
                     gone()
         unset = getattr(self, "_unset_keepalive_if_required", None)  # absent in other versions
         if unset is not None:

@@ -23,6 +23,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff
+from typing_extensions import TypeIs
 
 AnyRedis = aioredis.Redis | RedisCluster
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -151,5 +152,5 @@ def make_redis(url: str, **options: Any) -> AnyRedis:
     return aioredis.Redis.from_url(url, **options)
 
 
-def is_cluster(client: object) -> bool:
+def is_cluster(client: object) -> TypeIs[RedisCluster]:
     return isinstance(client, RedisCluster)

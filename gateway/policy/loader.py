@@ -233,7 +233,7 @@ def _bedrock_env_checks(
     """A bedrock provider's credentials and region: unset ones are warnings like api_key_env."""
     from gateway.providers.settings import BedrockSettings, bedrock_region
 
-    raw = p.get("bedrock") if isinstance(p.get("bedrock"), dict) else {}
+    raw: dict[str, Any] = p["bedrock"] if isinstance(p.get("bedrock"), dict) else {}
     try:
         settings = BedrockSettings(**raw)
     except (TypeError, ValueError):
@@ -245,7 +245,7 @@ def _bedrock_env_checks(
                 f"providers.{pname}.bedrock.{setting}",
                 f"environment variable {name} is not set: Bedrock will refuse '{pname}'",
             )
-    base_url = p.get("base_url") if isinstance(p.get("base_url"), str) else ""
+    base_url: str = p["base_url"] if isinstance(p.get("base_url"), str) else ""
     if bedrock_region(base_url, settings, env) is None:
         problems.warn(
             f"providers.{pname}.bedrock.region",

@@ -565,23 +565,25 @@ class StreamTranslator:
                 if delta["text"]:
                     out.append(self._chunk({"content": delta["text"]}))
             elif isinstance(delta.get("toolUse"), dict):
-                k = self._tool_index.get(payload.get("contentBlockIndex"))  # type: ignore[arg-type]
-                if k is None:
+                at = self._tool_index.get(payload.get("contentBlockIndex"))  # type: ignore[arg-type]
+                if at is None:
                     raise StreamError("bad_response", "tool input delta before its block start")
                 part = delta["toolUse"].get("input")
                 if isinstance(part, str) and part:
-                    self._with_args.add(k)
+                    self._with_args.add(at)
                     out.append(
-                        self._chunk({"tool_calls": [{"index": k, "function": {"arguments": part}}]})
+                        self._chunk(
+                            {"tool_calls": [{"index": at, "function": {"arguments": part}}]}
+                        )
                     )
             return out
         if event_type == "contentBlockStop":
-            k = self._tool_index.get(payload.get("contentBlockIndex"))  # type: ignore[arg-type]
-            if k is not None and k not in self._with_args:
+            at = self._tool_index.get(payload.get("contentBlockIndex"))  # type: ignore[arg-type]
+            if at is not None and at not in self._with_args:
                 # A tool without input streams no JSON: its arguments are "{}", never "".
-                self._with_args.add(k)
+                self._with_args.add(at)
                 return [
-                    self._chunk({"tool_calls": [{"index": k, "function": {"arguments": "{}"}}]})
+                    self._chunk({"tool_calls": [{"index": at, "function": {"arguments": "{}"}}]})
                 ]
             return []
         if event_type == "messageStop":

@@ -367,9 +367,11 @@ def map_error(status: int, body: bytes) -> MappedError:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
         doc = None
-    err = doc.get("error") if isinstance(doc, dict) and isinstance(doc.get("error"), dict) else {}
-    message = err.get("message") if isinstance(err.get("message"), str) else ""
-    g_status = err.get("status") if isinstance(err.get("status"), str) else ""
+    err: dict[str, Any] = (
+        doc["error"] if isinstance(doc, dict) and isinstance(doc.get("error"), dict) else {}
+    )
+    message: str = err["message"] if isinstance(err.get("message"), str) else ""
+    g_status: str = err["status"] if isinstance(err.get("status"), str) else ""
     said = message + " " + orjson.dumps(err.get("details") or []).decode()
     if member_caused(status) or (status == 400 and _AUTH_REASONS.search(said)):
         kind = "upstream_auth"

@@ -771,7 +771,9 @@ class TextGuard:
             )
             self._flush_into(choice, i, endpoint)
             choice["finish_reason"] = None
-            meta = {k: self.last[k] for k in ("id", "object", "created", "model") if k in self.last}
+            meta: dict[str, Any] = {
+                k: self.last[k] for k in ("id", "object", "created", "model") if k in self.last
+            }
             out.append({**meta, "choices": [choice]})
         return out
 

@@ -147,7 +147,7 @@ def test_every_spelling_is_masked_by_the_redactor() -> None:
     red = Redactor([KEY])
     for form in FORMS.values():
         assert red.text(f"a {form} b") == "a [redacted] b"
-        assert red.bytes(f"a {form} b".encode()) == b"a [redacted] b"
+        assert red.plain(f"a {form} b".encode()) == b"a [redacted] b"
         assert red.may_hold(f"x {form[:24]}".encode())
     # A key's public prefix in any case, and ordinary hex, are not part of a key.
     assert not red.may_hold(b"SK-PROJ- and sk- and 736b2d and deadbeefcafe0123")
