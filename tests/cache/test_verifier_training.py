@@ -199,3 +199,19 @@ def test_operators_are_words_and_only_comparisons_count_as_operators() -> None:
     assert t.words == ["why", "does", "x", "==", "none", "fail", "but", "x", "is", "none", "works"]
     assert t.operators == ("==",)
     assert _text("sliced apple going brown - what causes it").operators == ()
+
+
+def test_the_threshold_table_runs() -> None:
+    """`python -m loadtests.verifier_thresholds` (the README's table) prints a row per threshold."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "loadtests.verifier_thresholds", "--thresholds", "0.71,0.9"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| 0.")]
+    assert [r.split(" | ")[0] for r in rows] == ["| 0.71", "| 0.90"]
