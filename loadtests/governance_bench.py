@@ -27,13 +27,13 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import aiohttp
 
 from loadtests.overhead import POLICY, ROOT, _clear_redis, free_port, process
+from loadtests.scrape import metric_sum, metrics_of
 from loadtests.simulator.testing import spawn_fleet
 
 LIMITS = (
@@ -50,12 +50,8 @@ VARIANTS = {
 }
 
 
-def _metric(base: str, name: str) -> float:
-    with urllib.request.urlopen(base + "/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-    return 0.0
+def _leases(url: str) -> float:
+    return metric_sum(metrics_of(url), "gateway_ratelimit_redis_leases_total")
 
 
 async def _measure(urls: dict[str, str], n: int) -> dict[str, list[float]]:
@@ -114,12 +110,9 @@ def main() -> None:
             cmd += ["--policy", str(policy), "--log-level", "warning"]
             stack.enter_context(process(cmd, env, f"http://127.0.0.1:{port}/health"))
             urls[name] = f"http://127.0.0.1:{port}"
-        leases0 = {k: _metric(u, "gateway_ratelimit_redis_leases_total") for k, u in urls.items()}
+        leases0 = {k: _leases(u) for k, u in urls.items()}
         lat = asyncio.run(_measure(urls, a.requests))
-        leases = {
-            k: _metric(u, "gateway_ratelimit_redis_leases_total") - leases0[k]
-            for k, u in urls.items()
-        }
+        leases = {k: _leases(u) - leases0[k] for k, u in urls.items()}
     for p in prefixes:
         _clear_redis(a.redis_url, p)
     base = (statistics.median(lat["off"]) + statistics.median(lat["off-b"])) / 2

@@ -92,10 +92,6 @@ models:
 """
 
 
-def _metric(text: str, name: str) -> float:
-    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith(name))
-
-
 async def _ask_all(base_url: str, first: int, count: int, clients: int) -> None:
     import aiohttp
 
@@ -131,9 +127,8 @@ def run_http(args: argparse.Namespace) -> dict[str, float]:
     import tempfile
     from pathlib import Path
 
-    import httpx
-
     from loadtests.processes import gateway_process
+    from loadtests.scrape import metric_sum, metrics_of
     from loadtests.simulator.testing import spawn_fleet
 
     folder = Path(tempfile.mkdtemp(prefix="sem-memory-"))
@@ -141,24 +136,23 @@ def run_http(args: argparse.Namespace) -> dict[str, float]:
     with spawn_fleet([{"name": "zero", "profile": "zero-latency"}]) as fleet:
         policy.write_text(HTTP_POLICY.format(url=fleet.url("zero"), max_bytes=args.max_mb << 20))
         with gateway_process(policy, env={"GATEWAY_ACCESS_LOG": "0"}) as gw:
-            metrics = gw.removesuffix("/v1") + "/metrics"
             asyncio.run(_ask_all(gw, 0, 500, args.clients))  # the model loaded and warm
-            before = httpx.get(metrics).text
+            before = metrics_of(gw)
             t0 = time.perf_counter()
             asyncio.run(_ask_all(gw, 500, args.entries, args.clients))
             elapsed = time.perf_counter() - t0
             time.sleep(1.0)  # the last stores land
-            after = httpx.get(metrics).text
-    rss = "process_resident_memory_bytes "
-    base, end = _metric(before, rss) / 2**20, _metric(after, rss) / 2**20
-    size = 'gateway_semantic_cache_size{what="'
+            after = metrics_of(gw)
+    rss = "process_resident_memory_bytes"
+    base, end = metric_sum(before, rss) / 2**20, metric_sum(after, rss) / 2**20
+    size = "gateway_semantic_cache_size"
     return {
         "requests": args.entries,
-        "entries_stored": int(_metric(after, size + 'entries"}')),
-        "namespaces": int(_metric(after, size + 'namespaces"}')),
-        "evicted": int(_metric(after, 'gateway_semantic_removed_total{reason="evicted"}')),
-        "refused": int(_metric(after, 'gateway_semantic_stores_total{outcome="refused"')),
-        "counted_mb": _metric(after, size + 'bytes"}') / 2**20,
+        "entries_stored": int(metric_sum(after, size, what="entries")),
+        "namespaces": int(metric_sum(after, size, what="namespaces")),
+        "evicted": int(metric_sum(after, "gateway_semantic_removed_total", reason="evicted")),
+        "refused": int(metric_sum(after, "gateway_semantic_stores_total", outcome="refused")),
+        "counted_mb": metric_sum(after, size, what="bytes") / 2**20,
         "max_mb": args.max_mb,
         "rss_model_mb": base,
         "rss_after_mb": end,

@@ -46,6 +46,7 @@ import orjson
 
 from loadtests.overhead import baseline_tree
 from loadtests.processes import gateway_process
+from loadtests.scrape import metric_sum, metrics_of
 from loadtests.simulator.testing import spawn_fleet
 
 POLICY = """
@@ -161,11 +162,6 @@ async def first_token(session: aiohttp.ClientSession, url: str, data: bytes) -> 
                 took = time.perf_counter() - t
     assert took is not None, "no content chunk"
     return took
-
-
-async def metrics_text(url: str) -> str:
-    async with aiohttp.ClientSession() as s, s.get(url) as r:
-        return await r.text()
 
 
 def pct(values: list[float], q: float) -> float:
@@ -365,21 +361,12 @@ def main() -> None:
                     runs.setdefault((config, length), []).append(res)
                     print(r, config, length, {k: round(v, 1) for k, v in res.items()}, flush=True)
             for config, gw in gateways.items():  # upstream calls started for late lookups
-                text = asyncio.run(metrics_text(gw.removesuffix("/v1") + "/metrics"))
+                text = metrics_of(gw)
                 counts = {
-                    outcome: sum(
-                        float(line.rsplit(" ", 1)[1])
-                        for line in text.splitlines()
-                        if line.startswith("gateway_semantic_lookups_total")
-                        and f'outcome="{outcome}"' in line
-                    )
+                    outcome: metric_sum(text, "gateway_semantic_lookups_total", outcome=outcome)
                     for outcome in ("hit", "early", "late", "late_hit_raced")
                 }
-                rss = next(
-                    float(line.rsplit(" ", 1)[1]) / 2**20
-                    for line in text.splitlines()
-                    if line.startswith("process_resident_memory_bytes ")
-                )
+                rss = metric_sum(text, "process_resident_memory_bytes") / 2**20
                 peak_rss[config] = max(peak_rss.get(config, 0.0), rss)
                 print(f"{config}: lookups {counts} (late_hit_raced = upstream calls cancelled),"
                       f" RSS {rss:.0f} MB")  # fmt: skip
