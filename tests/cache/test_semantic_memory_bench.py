@@ -11,13 +11,14 @@ pytest.importorskip("faiss", reason="the semantic extra is not installed")
 
 
 def test_the_http_memory_benchmark_stores_every_conversation() -> None:
-    out = subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "loadtests.semantic_memory", "--http", "--entries", "200"],
         capture_output=True,
         text=True,
         timeout=180,
-        check=True,
-    ).stdout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
     report = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     # 500 warm-up conversations, then the 200 measured: one entry and one namespace each.
     assert report["entries_stored"] == report["namespaces"] == "700"
