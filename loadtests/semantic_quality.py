@@ -3,7 +3,8 @@
 Protocol, per pair: the first sentence is the cached question (alone in its namespace), the second
 is asked; a hit on a label-1 pair is right, a hit on a label-0 pair is a false hit. Scored per set
 (the holdout split of PAWS-Wiki dev, of chat_pairs.tsv and of the hand-written written/*.tsv, and
-all of the hand-written near_misses.tsv, order_probe.tsv, context_probe.tsv, forum_probe.tsv and
+all of the hand-written near_misses.tsv, order_probe.tsv, context_probe.tsv, forum_probe.tsv,
+kinds_probe.tsv and
 unseen/*.tsv; see loadtests/verifier_data.py) for four deciders:
 
 - floor: plain cosine of the cache's embedder (MiniLM) against a threshold;
@@ -49,6 +50,7 @@ from loadtests.verifier_data import (
     load_chat,
     load_context_probe,
     load_forum_probe,
+    load_kinds_probe,
     load_near_misses,
     load_order_probe,
     load_paws,
@@ -249,6 +251,7 @@ def main() -> None:
         "order_probe.tsv (hand-written)": load_order_probe(),
         "context_probe.tsv (hand-written)": load_context_probe(),
         "forum_probe.tsv (hand-written, Q&A-forum style)": load_forum_probe(),
+        "kinds_probe.tsv (hand-written, the issue's kinds)": load_kinds_probe(),
         "chat_pairs.tsv holdout": [p for p in load_chat() if p.split == "holdout"],
         "written/*.tsv holdout": [p for p in load_written() if p.split == "holdout"],
         "unseen/*.tsv (domains never trained on)": load_unseen(),

@@ -11,7 +11,8 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
   swapped names);
 - `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
   or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings),
-  and `forum_probe.tsv` (questions in the style of a Q&A forum);
+  `forum_probe.tsv` (questions in the style of a Q&A forum) and `kinds_probe.tsv` (near misses
+  of the kinds issue 15 names);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
 
@@ -153,6 +154,16 @@ def load_forum_probe() -> list[Pair]:
     scope or antonym), two per cached question. The stand-in for QQP-style pairs. Pairs with a
     sentence that a training file also holds ("Why is the sky blue?") are left out."""
     return _never_trained(load_tsv("forum_probe.tsv", "forum_probe", split="holdout"))
+
+
+def load_kinds_probe() -> list[Pair]:
+    """Hand-written (2026-12-07), evaluation only, never looked at before it was first scored:
+    12 near misses of each kind issue 15 names (direction, negation, code operators, dates,
+    units) and of antonyms (enable/disable, male/female, hyper/hypo), and 44 rewordings of the
+    same questions, some in the forms that used to be refused ("in the absence of", "2-step",
+    "tbsp", "30°C to °F?", "Tylenol" for acetaminophen). Pairs with a sentence that a training
+    file also holds are left out."""
+    return _never_trained(load_tsv("kinds_probe.tsv", "kinds_probe", split="holdout"))
 
 
 def load_near_misses() -> list[Pair]:

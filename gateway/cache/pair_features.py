@@ -920,12 +920,75 @@ def _contrast(q: _Text, c: _Text) -> bool:
     return any(kind in only_c for kind, _ in qk - ck)
 
 
+#: Runs of the characters code writes operators with (the words see none of them).
+_OPERATOR_RUN = re.compile(r"[-+*/%=<>!&|^~]+")
+#: Words that coordinate: "A and B" / "B and A" asks the same thing.
+_COORDINATE = frozenset(["and", "or", "nor", "vs", "versus", "&"])
+#: "born in Boston in 1923" / "born in 1923 in Boston": a phrase moved, not a role exchanged.
+_PHRASE_HEADS = frozenset(["in", "on", "at", "during", "by", "with", "for"])
+
+
+def _operator_marks(raw: str) -> list[tuple[str, str]]:
+    """Each operator run with the side it is written against: "left" (`i++`), "right" (`++i`)
+    or "infix" (both sides alike: `5+3` is `5 + 3`). Exclamation marks and a lone hyphen or
+    slash between letters ("two-step", "and/or") are prose, not operators."""
+    low = raw.lower()
+    marks = []
+    for m in _OPERATOR_RUN.finditer(low):
+        run = m.group()
+        before = low[m.start() - 1] if m.start() else " "
+        after = low[m.end()] if m.end() < len(low) else " "
+        if set(run) == {"!"} or (run in ("-", "/") and before.isalpha() and after.isalpha()):
+            continue
+        left, right = before.isalnum(), after.isalnum()
+        marks.append((run, "infix" if left == right else "left" if left else "right"))
+    return marks
+
+
+def _operators_moved(q: _Text, c: _Text) -> bool:
+    """True when the texts have the same words but other operators, or the same ones in
+    another place: nothing the trees see tells them apart (`i++` / `++i`, `5+3` / `5*3`)."""
+    return q.words == c.words and _operator_marks(q.raw) != _operator_marks(c.raw)
+
+
+def _exchanged(q: _Text, c: _Text) -> bool:
+    """True when two names or words (up to 4 words each), not next to each other and not
+    coordinated, exchanged places and nothing else changed: "from my savings to my checking" /
+    "from my checking to my savings", "Did Brazil beat Germany" / "Did Germany beat Brazil",
+    "from Google Drive to Dropbox". Members of a list (a comma between them) and a phrase moved
+    ("in Boston in 1923") are left to the trees."""
+    a, b = q.words, c.words
+    if len(a) != len(b) or a == b or len(a) > _ORDER_WORDS:
+        return False
+    p = next(k for k, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+    s = next(k for k, (x, y) in enumerate(zip(a[::-1], b[::-1], strict=True)) if x != y)
+    mid_a, mid_b = a[p : len(a) - s], b[p : len(b) - s]
+    for lx in range(1, min(4, len(mid_a) - 2) + 1):
+        for ly in range(1, min(4, len(mid_a) - lx - 1) + 1):
+            x, m, y = mid_a[:lx], mid_a[lx : len(mid_a) - ly], mid_a[len(mid_a) - ly :]
+            if mid_b != y + m + x:
+                continue
+            if all(w in _STOP for w in x) or all(w in _STOP for w in y):
+                return False
+            if any(w in _COORDINATE for w in m):
+                return False
+            if p > 0 and a[p - 1] == m[-1] and m[-1] in _PHRASE_HEADS:
+                return False
+            first, last = q.lower.find(x[-1]), q.lower.rfind(y[0])
+            return not (0 <= first < last and "," in q.lower[first:last])
+    return False
+
+
 def near_miss(query: str, candidate: str) -> str | None:
     """The rule that refuses `candidate` as an answer to `query` whatever the trees say
-    ("modifier", "contrast"), or None."""
+    ("modifier", "contrast", "exchange", "operator"), or None."""
     q, c = _text(query), _text(candidate)
     if _adds_modifier(q, c):
         return "modifier"
     if _contrast(q, c):
         return "contrast"
+    if _exchanged(q, c):
+        return "exchange"
+    if _operators_moved(q, c):
+        return "operator"
     return None

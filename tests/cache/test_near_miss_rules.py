@@ -1,7 +1,9 @@
-"""The verifier's near-miss rules (`pair_features.near_miss`): a question plus a modifier, or
-another member of one kind (colour, season, sex, time of day, weekday, month, level), is another
-question whatever the trees say; rewordings, polite preambles, emphasis and statements are not
-refused. Checked on pairs written for this file, and through the real `SemanticCache`."""
+"""The verifier's near-miss rules (`pair_features.near_miss`): a question plus a modifier,
+another member of one kind (colour, season, sex, time of day, weekday, month, level), two words
+exchanged (roles, from/to), or the same words with other operators or operators written on the
+other side (`i++` / `++i`), is another question whatever the trees say; rewordings, polite
+preambles, emphasis, statements, coordinated or listed names in another order, phrases moved and
+operator spacing are not refused. Checked on pairs written for this file, and through the real `SemanticCache`."""
 
 from __future__ import annotations
 
@@ -33,7 +35,26 @@ CONTRAST = [
     ("Is the museum open on Monday?", "Is the museum open on Sunday?"),
     ("Which flights leave in March?", "Which flights leave in October?"),
 ]  # fmt: skip
+EXCHANGE = [
+    ("Can I move my photos from Google Drive to Dropbox?",
+     "Can I move my photos from Dropbox to Google Drive?"),
+    ("Did Spain beat Italy in the Euro 2012 final?", "Did Italy beat Spain in the Euro 2012 final?"),
+    ("Should I learn calculus before statistics?", "Should I learn statistics before calculus?"),
+    ("Is a tomato bigger than a plum?", "Is a plum bigger than a tomato?"),
+    ("how do i turn a word file into a pdf", "how do i turn a pdf file into a word"),
+]  # fmt: skip
+OPERATOR = [
+    ("What's the value of `n--` when n is 3?", "What's the value of `--n` when n is 3?"),
+    ("Is x++ atomic in Java?", "Is ++x atomic in Java?"),
+    ("Is x-- thread-safe in C?", "Is --x thread-safe in C?"),
+]
 SAME = [
+    ("Should I learn Python or Rust first?", "Should I learn Rust or Python first?"),
+    ("Compare Paris, Rome and Madrid for a weekend", "Compare Madrid, Rome and Paris for a weekend"),
+    ("Is it cold in Oslo in March?", "Is it cold in March in Oslo?"),
+    ("What is 7 * 6?", "What is 7*6?"),
+    ("Explain two-step verification!", "Explain two step verification"),
+    ("Which is faster, C++ or Go?", "Which is faster, C++ or Go"),
     ("Quick question: how do I clean a cast iron pan?", "How do I clean a cast iron pan?"),
     ("How do I clean a cast iron pan? Thanks!", "How do I clean a cast iron pan?"),
     ("How do I actually clean a cast iron pan?", "How do I clean a cast iron pan?"),
@@ -60,6 +81,18 @@ def test_another_member_of_a_kind_is_another_question(cached: str, asked: str) -
     assert near_miss(cached, asked) == "contrast"
 
 
+@pytest.mark.parametrize(("cached", "asked"), EXCHANGE)
+def test_two_words_exchanged_are_another_question(cached: str, asked: str) -> None:
+    assert near_miss(asked, cached) == "exchange"
+    assert near_miss(cached, asked) == "exchange"
+
+
+@pytest.mark.parametrize(("cached", "asked"), OPERATOR)
+def test_operators_changed_or_moved_are_another_question(cached: str, asked: str) -> None:
+    assert near_miss(asked, cached) == "operator"
+    assert near_miss(cached, asked) == "operator"
+
+
 @pytest.mark.parametrize(("cached", "asked"), SAME)
 def test_rewordings_and_additions_that_narrow_nothing_pass(cached: str, asked: str) -> None:
     assert near_miss(asked, cached) is None
@@ -68,7 +101,7 @@ def test_rewordings_and_additions_that_narrow_nothing_pass(cached: str, asked: s
 
 def test_the_verifier_refuses_them_at_any_cosine() -> None:
     v = default_verifier()
-    for cached, asked in MODIFIER + CONTRAST:
+    for cached, asked in MODIFIER + CONTRAST + EXCHANGE + OPERATOR:
         assert v.probabilities(asked, [(cached, 0.99), (asked, 0.5)]) == [0.0, 1.0]
     assert all(p > 0 for p in v.probabilities(SAME[0][0], [(SAME[0][1], 0.98)]))
 

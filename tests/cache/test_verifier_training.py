@@ -156,10 +156,12 @@ def test_the_unseen_set_is_evaluation_only_and_shares_nothing_with_training() ->
     assert "load_unseen" not in inspect.getsource(tv)
     assert "load_order_probe" not in inspect.getsource(tv)
     assert "load_forum_probe" not in inspect.getsource(tv)
+    assert "load_kinds_probe" not in inspect.getsource(tv)
     from loadtests.verifier_data import augment
 
     assert "order_probe" not in inspect.getsource(augment)
     assert "forum_probe" not in inspect.getsource(augment)
+    assert "kinds_probe" not in inspect.getsource(augment)
 
 
 def test_derived_name_swaps_are_labelled_by_what_they_change() -> None:
