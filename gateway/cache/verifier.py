@@ -89,13 +89,17 @@ class Verifier:
 
     def probabilities_of(self, xs: list[list[float]]) -> list[float]:
         x = np.asarray(xs, dtype=self._dtype)  # (pairs, features)
-        right = x[:, self._split_feature] > self._split_threshold  # (pairs, splits)
-        pair = np.arange(len(x))[:, None]
+        # `np.take` rather than fancy indexing: the same elements, 1.4-1.7x faster for 4-8
+        # pairs (a hit's candidates), measured; the walk runs under the index lock.
+        splits = len(self._split_feature)
+        right = (np.take(x, self._split_feature, axis=1) > self._split_threshold).ravel()
+        row = (np.arange(len(x)) * splits)[:, None]  # each pair's run of `right`
         node = np.zeros((len(x), self._offset.shape[1]), dtype=np.intp)
         for _ in range(self._depth):
-            node = 2 * node + 1 + right[pair, self._split_of[self._offset + node]]
+            split = np.take(self._split_of, self._offset + node)
+            node = 2 * node + 1 + np.take(right, row + split)
         leaf = self._leaf_offset + node - self._inner
-        scores = self.init + self.rate * self._value_of[leaf].sum(axis=1)
+        scores = self.init + self.rate * np.take(self._value_of, leaf).sum(axis=1)
         # A feature that is not a number (a broken vector upstream of here) would walk the
         # trees by accident: such a pair is never the same question.
         finite = np.isfinite(x).all(axis=1)
