@@ -2,8 +2,9 @@
 another member of one kind (colour, season, sex, time of day, weekday, month, level), two words
 exchanged (roles, from/to), or the same words with other operators or operators written on the
 other side (`i++` / `++i`), is another question whatever the trees say; rewordings, polite
-preambles, emphasis, statements, coordinated or listed names in another order, phrases moved and
-operator spacing are not refused. Checked on pairs written for this file, and through the real `SemanticCache`."""
+preambles, emphasis, statements, coordinated or listed names in another order, symmetric
+relations ("compare X with Y"), phrases moved and operator spacing are not refused. Checked on
+pairs written for this file, and through the real `SemanticCache`."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ OPERATOR = [
 ]
 SAME = [
     ("Should I learn Python or Rust first?", "Should I learn Rust or Python first?"),
+    ("Compare Postgres with MySQL for analytics", "Compare MySQL with Postgres for analytics"),
+    ("How far is Lyon from Geneva?", "How far is Geneva from Lyon?"),
+    ("Is baking soda different from baking powder?", "Is baking powder different from baking soda?"),
     ("Compare Paris, Rome and Madrid for a weekend", "Compare Madrid, Rome and Paris for a weekend"),
     ("Is it cold in Oslo in March?", "Is it cold in March in Oslo?"),
     ("What is 7 * 6?", "What is 7*6?"),

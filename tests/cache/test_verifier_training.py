@@ -203,6 +203,27 @@ def test_operators_are_words_and_only_comparisons_count_as_operators() -> None:
     assert _text("sliced apple going brown - what causes it").operators == ()
 
 
+def test_negation_said_with_a_verb_counts_as_negation() -> None:
+    """ "not eat" and "avoid" ask the same thing; "eat" and "avoid" do not."""
+    from gateway.cache.pair_features import FEATURES, features
+
+    at = FEATURES.index("negation_differs")
+    same = [
+        (
+            "Which foods should I not eat while pregnant?",
+            "Which foods should I avoid while pregnant?",
+        ),
+        ("What can't I feed my rabbit?", "What should I stay away from feeding my rabbit?"),
+        ("Why is my soil not draining?", "Why does my soil lack drainage?"),
+    ]
+    other = [
+        ("What should I eat before a long run?", "What should I avoid before a long run?"),
+        ("Which apps can I trust?", "Which apps should I steer clear of?"),
+    ]
+    assert [features(a, b, 0.9)[at] for a, b in same] == [0.0] * len(same)
+    assert [features(a, b, 0.9)[at] for a, b in other] == [1.0] * len(other)
+
+
 def test_the_threshold_table_runs() -> None:
     """`python -m loadtests.verifier_thresholds` (the README's table) prints a row per threshold."""
     import subprocess
