@@ -127,8 +127,11 @@ from gateway.cache.semantic import SemanticCache  # noqa: E402
 from gateway.cache.semantic_settings import SemanticSettings  # noqa: E402
 
 #: Near misses that the trees alone served with the shipped model (probability 0.79-0.92 against
-#: a threshold of 0.71, cosine 0.78-0.92): the rules are what refuses them.
+#: a threshold of 0.71, cosine 0.78-0.92; the operators moved 0.99 at cosine 0.93: the words the
+#: trees read are the same): the rules are what refuses them.
 SERVED_BY_THE_TREES = [
+    ("Is x++ atomic in Java?", "Is ++x atomic in Java?"),
+    ("What's the value of `n--` when n is 3?", "What's the value of `--n` when n is 3?"),
     ("How do I clean a cast iron pan?", "How do I clean a rusty cast iron pan?"),
     ("What's the best way to learn to swim?", "What's the best way to learn to swim as an adult?"),
     ("Which tent should I buy for camping?", "Which tent should I buy for camping in the rain?"),
