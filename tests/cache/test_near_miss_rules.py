@@ -73,28 +73,18 @@ SAME = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("cached", "asked"), MODIFIER)
-def test_a_modifier_added_or_dropped_is_another_question(cached: str, asked: str) -> None:
-    assert near_miss(asked, cached) == "modifier"
-    assert near_miss(cached, asked) == "modifier"
+#: Each rule with the pairs it must refuse: a modifier added or dropped, another member of a
+#: kind, two words exchanged, operators changed or moved.
+RULES = {"modifier": MODIFIER, "contrast": CONTRAST, "exchange": EXCHANGE, "operator": OPERATOR}
 
 
-@pytest.mark.parametrize(("cached", "asked"), CONTRAST)
-def test_another_member_of_a_kind_is_another_question(cached: str, asked: str) -> None:
-    assert near_miss(asked, cached) == "contrast"
-    assert near_miss(cached, asked) == "contrast"
-
-
-@pytest.mark.parametrize(("cached", "asked"), EXCHANGE)
-def test_two_words_exchanged_are_another_question(cached: str, asked: str) -> None:
-    assert near_miss(asked, cached) == "exchange"
-    assert near_miss(cached, asked) == "exchange"
-
-
-@pytest.mark.parametrize(("cached", "asked"), OPERATOR)
-def test_operators_changed_or_moved_are_another_question(cached: str, asked: str) -> None:
-    assert near_miss(asked, cached) == "operator"
-    assert near_miss(cached, asked) == "operator"
+@pytest.mark.parametrize(
+    ("rule", "cached", "asked"),
+    [(rule, cached, asked) for rule, pairs in RULES.items() for cached, asked in pairs],
+)
+def test_each_rule_refuses_its_pairs_either_way(rule: str, cached: str, asked: str) -> None:
+    assert near_miss(asked, cached) == rule
+    assert near_miss(cached, asked) == rule
 
 
 @pytest.mark.parametrize(("cached", "asked"), SAME)
