@@ -11,7 +11,8 @@ unseen/*.tsv; see loadtests/verifier_data.py) for four deciders:
 - guards: cosine threshold, then the lexical near-miss guards (gateway/cache/guards.py);
 - verifier: candidates at cosine >= the retrieval floor, then the pair classifier's probability
   against a threshold (gateway/cache/verifier.py; its near-miss rules, `pair_features.near_miss`,
-  refuse a modifier added or another member of a kind whatever the trees say);
+  refuse a modifier added, another member of a kind, two names exchanged or operators moved
+  whatever the trees say);
 - verifier+guards: the verifier, and the guards may still veto;
 - verifier, pair only: the verifier without the cache's shared-context rule (two long texts
   sharing most of their words are judged by the clauses they differ in,

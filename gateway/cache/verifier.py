@@ -2,7 +2,7 @@
 
 Retrieval by embedding finds candidates whose cosine reaches `retrieval_floor`; this pair
 classifier then scores each (new question, cached question) pair from `pair_features` and
-serves the best candidate whose probability reaches the decision threshold; two lexical rules
+serves the best candidate whose probability reaches the decision threshold; four lexical rules
 (`pair_features.near_miss`) refuse a pair whatever the model says. The model is a small
 gradient-boosted tree ensemble shipped as JSON (`verifier_model.json`, written by
 `python -m loadtests.train_verifier` from public data; see that script for data and splits) and
