@@ -946,9 +946,10 @@ _SYMMETRIC = frozenset([
 
 
 def _operator_marks(raw: str) -> list[tuple[str, str]]:
-    """Each operator run with the side it is written against: "left" (`i++`), "right" (`++i`)
-    or "infix" (both sides alike: `5+3` is `5 + 3`). Exclamation marks and a lone hyphen or
-    slash between letters ("two-step", "and/or") are prose, not operators."""
+    """Each operator run in order; an increment or decrement also with the side of the name it
+    applies to: `i++` ("left") is not `++i` ("right"), while `C++20` is `C++ 20` and `5+3` is
+    `5 + 3` (other spacing is style). Exclamation marks and a lone hyphen or slash between
+    letters ("two-step", "and/or") are prose, not operators."""
     low = raw.lower()
     marks = []
     for m in _OPERATOR_RUN.finditer(low):
@@ -957,8 +958,13 @@ def _operator_marks(raw: str) -> list[tuple[str, str]]:
         after = low[m.end()] if m.end() < len(low) else " "
         if set(run) == {"!"} or (run in ("-", "/") and before.isalpha() and after.isalpha()):
             continue
-        left, right = before.isalnum(), after.isalnum()
-        marks.append((run, "infix" if left == right else "left" if left else "right"))
+        side = ""
+        if run in ("++", "--"):
+            if before.isalpha() or before in "_)]":
+                side = "left"
+            elif after.isalpha() or after == "_":
+                side = "right"
+        marks.append((run, side))
     return marks
 
 

@@ -48,6 +48,7 @@ OPERATOR = [
     ("What's the value of `n--` when n is 3?", "What's the value of `--n` when n is 3?"),
     ("Is x++ atomic in Java?", "Is ++x atomic in Java?"),
     ("Is x-- thread-safe in C?", "Is --x thread-safe in C?"),
+    ("Where should I start learning C++?", "Where should I start learning C?"),
 ]
 SAME = [
     ("Should I learn Python or Rust first?", "Should I learn Rust or Python first?"),
@@ -57,6 +58,7 @@ SAME = [
     ("Compare Paris, Rome and Madrid for a weekend", "Compare Madrid, Rome and Paris for a weekend"),
     ("Is it cold in Oslo in March?", "Is it cold in March in Oslo?"),
     ("What is 7 * 6?", "What is 7*6?"),
+    ("What's new in C++20?", "What's new in C++ 20?"),
     ("Explain two-step verification!", "Explain two step verification"),
     ("Which is faster, C++ or Go?", "Which is faster, C++ or Go"),
     ("Quick question: how do I clean a cast iron pan?", "How do I clean a cast iron pan?"),
