@@ -70,6 +70,20 @@ def test_paraphrase_hits_near_miss_does_not(gw) -> None:
     )
 
 
+def test_names_exchanged_and_operators_moved_are_other_questions(gw) -> None:
+    """The verifier's exchange and operator rules through the gateway: the trees alone serve
+    `++x` for `x++` (the words they read are the same)."""
+    for cached, other in [
+        ("Is x++ atomic in Java?", "Is ++x atomic in Java?"),
+        ("Can I move my photos from Google Drive to Dropbox?",
+         "Can I move my photos from Dropbox to Google Drive?"),
+    ]:  # fmt: skip
+        ask(gw, cached)
+        stored = eventually_hit(gw, cached)  # asked again it is served: it is stored
+        assert stored.headers["x-gateway-cache"] == "hit-semantic"
+        assert ask(gw, other).headers["x-gateway-cache"] != "hit-semantic", other
+
+
 def test_other_conversation_and_other_tenant_do_not_hit(gw) -> None:
     earlier = [
         {"role": "user", "content": "I am flying to Tokyo."},
