@@ -4,8 +4,7 @@ Protocol, per pair: the first sentence is the cached question (alone in its name
 is asked; a hit on a label-1 pair is right, a hit on a label-0 pair is a false hit. Scored per set
 (the holdout split of PAWS-Wiki dev, of chat_pairs.tsv and of the hand-written written/*.tsv, and
 all of the hand-written near_misses.tsv, order_probe.tsv, context_probe.tsv, forum_probe.tsv,
-kinds_probe.tsv and
-unseen/*.tsv; see loadtests/verifier_data.py) for four deciders:
+kinds_probe.tsv and unseen/*.tsv; see loadtests/verifier_data.py) for four deciders:
 
 - floor: plain cosine of the cache's embedder (MiniLM) against a threshold;
 - guards: cosine threshold, then the lexical near-miss guards (gateway/cache/guards.py);

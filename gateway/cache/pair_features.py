@@ -462,7 +462,7 @@ def _expand(word: str) -> str:
 #: Negation said with a verb or phrase: "which foods should I not eat" asks what "which foods
 #: should I avoid" asks, so both count one negation. The verbs were added on the tune split: near
 #: misses served 3.7 -> 3.5% at the default, no paraphrase lost (BENCHMARKS.md).
-_ABSENCE = re.compile(
+_NEGATING_PHRASE = re.compile(
     r"\b(?:in the absence of|absent|lack of|lacking|lacks?|avoid(?:ed|ing|s)?|stay away from"
     r"|steer clear of|refrain from|keep away from)\b"
 )
@@ -545,7 +545,7 @@ class _Text:
         self.numbers = tuple(w for w in words if w[0].isdigit())
         negs = sum(1 for w in words if w.replace("'", "").replace("’", "") in _NEGATIONS)
         negs += sum(1 for w in words if w.endswith(("n't", "n’t")))
-        negs += len(_ABSENCE.findall(lower))
+        negs += len(_NEGATING_PHRASE.findall(lower))
         self.negations = negs
         # comparisons only: a " - " or "+" is as often a dash or "and" in chat as arithmetic
         self.operators = tuple(sorted(o for o in map(str.strip, _OPERATOR.findall(raw))
@@ -675,13 +675,18 @@ def _shared_order(a: list[str], b: list[str]) -> tuple[list[str], list[str], int
     sa, sb = set(a), set(b)
     xa = [_ROLE.get(w, w) for w in a if w in sb and w not in _FILLER]
     xb = [_ROLE.get(w, w) for w in b if w in sa and w not in _FILLER]
+    return xa, xb, *_common_ends(xa, xb)
+
+
+def _common_ends(a: list[str], b: list[str]) -> tuple[int, int]:
+    """Lengths of the common prefix and of the common suffix after it."""
     i = 0
-    while i < min(len(xa), len(xb)) and xa[i] == xb[i]:
+    while i < min(len(a), len(b)) and a[i] == b[i]:
         i += 1
     j = 0
-    while j < min(len(xa), len(xb)) - i and xa[-1 - j] == xb[-1 - j]:
+    while j < min(len(a), len(b)) - i and a[-1 - j] == b[-1 - j]:
         j += 1
-    return xa, xb, i, j
+    return i, j
 
 
 def _block_move(xa: list[str], xb: list[str], i: int, j: int) -> float:
@@ -933,7 +938,7 @@ def _contrast(q: _Text, c: _Text) -> bool:
 #: Runs of the characters code writes operators with (the words see none of them).
 _OPERATOR_RUN = re.compile(r"[-+*/%=<>!&|^~]+")
 #: Words that coordinate: "A and B" / "B and A" asks the same thing.
-_COORDINATE = frozenset(["and", "or", "nor", "vs", "versus", "&"])
+_COORDINATE = _CONJ | {"nor"}
 #: "born in Boston in 1923" / "born in 1923 in Boston": a phrase moved, not a role exchanged.
 _PHRASE_HEADS = frozenset(["in", "on", "at", "during", "by", "with", "for"])
 #: Relations that read the same both ways: "compare X with Y", "how far is X from Y", "is X
@@ -969,8 +974,8 @@ def _operator_marks(raw: str) -> list[tuple[str, str]]:
 
 
 def _operators_moved(q: _Text, c: _Text) -> bool:
-    """True when the texts have the same words but other operators, or the same ones in
-    another place: nothing the trees see tells them apart (`i++` / `++i`, `5+3` / `5*3`)."""
+    """True when the texts have the same words but other operators, or an increment on the
+    other side: nothing the trees see tells them apart (`i++` / `++i`, `C++` / `C`)."""
     return q.words == c.words and _operator_marks(q.raw) != _operator_marks(c.raw)
 
 
@@ -983,8 +988,7 @@ def _exchanged(q: _Text, c: _Text) -> bool:
     a, b = q.words, c.words
     if len(a) != len(b) or a == b or len(a) > _ORDER_WORDS:
         return False
-    p = next(k for k, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
-    s = next(k for k, (x, y) in enumerate(zip(a[::-1], b[::-1], strict=True)) if x != y)
+    p, s = _common_ends(a, b)
     mid_a, mid_b = a[p : len(a) - s], b[p : len(b) - s]
     for lx in range(1, min(4, len(mid_a) - 2) + 1):
         for ly in range(1, min(4, len(mid_a) - lx - 1) + 1):
