@@ -156,7 +156,7 @@ def test_the_unseen_set_is_evaluation_only_and_shares_nothing_with_training() ->
     assert "load_unseen" not in inspect.getsource(tv)
     assert "load_order_probe" not in inspect.getsource(tv)
     assert "load_forum_probe" not in inspect.getsource(tv)
-    assert "load_kinds_probe" not in inspect.getsource(tv)
+    assert "load_kinds_probe" not in inspect.getsource(tv)  # and load_kinds_probe_2
     from loadtests.verifier_data import augment
 
     assert "order_probe" not in inspect.getsource(augment)
@@ -204,7 +204,8 @@ def test_operators_are_words_and_only_comparisons_count_as_operators() -> None:
 
 
 def test_negation_said_with_a_verb_counts_as_negation() -> None:
-    """ "not eat" and "avoid" ask the same thing; "eat" and "avoid" do not."""
+    """ "not eat" and "avoid" ask the same thing; "eat" and "avoid" do not; nor do "contain
+    sugar" and "sugar-free", which "no sugar" asks."""
     from gateway.cache.pair_features import FEATURES, features
 
     at = FEATURES.index("negation_differs")
@@ -215,10 +216,17 @@ def test_negation_said_with_a_verb_counts_as_negation() -> None:
         ),
         ("What can't I feed my rabbit?", "What should I stay away from feeding my rabbit?"),
         ("Why is my soil not draining?", "Why does my soil lack drainage?"),
+        # negation in an affix
+        ("Which snacks have no sugar?", "Which snacks are sugar-free?"),
+        ("Can I get headphones without a cable?", "Can I get cableless headphones?"),
+        ("Can people who are not residents open an account?", "Can non-residents open an account?"),
     ]
     other = [
         ("What should I eat before a long run?", "What should I avoid before a long run?"),
         ("Which apps can I trust?", "Which apps should I steer clear of?"),
+        ("Which snacks contain sugar?", "Which snacks are sugar-free?"),
+        ("Is this process toxic?", "Is this process non-toxic?"),
+        ("Why is my app useful?", "Why is my app useless?"),
     ]
     assert [features(a, b, 0.9)[at] for a, b in same] == [0.0] * len(same)
     assert [features(a, b, 0.9)[at] for a, b in other] == [1.0] * len(other)
