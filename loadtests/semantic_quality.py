@@ -4,7 +4,7 @@ Protocol, per pair: the first sentence is the cached question (alone in its name
 is asked; a hit on a label-1 pair is right, a hit on a label-0 pair is a false hit. Scored per set
 (the holdout split of PAWS-Wiki dev, of chat_pairs.tsv and of the hand-written written/*.tsv, and
 all of the hand-written near_misses.tsv, order_probe.tsv, context_probe.tsv, forum_probe.tsv,
-kinds_probe.tsv, kinds_probe_2.tsv and unseen/*.tsv; see loadtests/verifier_data.py) for four deciders:
+kinds_probe*.tsv and unseen/*.tsv; see loadtests/verifier_data.py) for four deciders:
 
 - floor: plain cosine of the cache's embedder (MiniLM) against a threshold;
 - guards: cosine threshold, then the lexical near-miss guards (gateway/cache/guards.py);
@@ -52,6 +52,7 @@ from loadtests.verifier_data import (
     load_forum_probe,
     load_kinds_probe,
     load_kinds_probe_2,
+    load_kinds_probe_3,
     load_near_misses,
     load_order_probe,
     load_paws,
@@ -254,6 +255,7 @@ def main() -> None:
         "forum_probe.tsv (hand-written, Q&A-forum style)": load_forum_probe(),
         "kinds_probe.tsv (hand-written, the issue's kinds)": load_kinds_probe(),
         "kinds_probe_2.tsv (hand-written, the issue's kinds, second round)": load_kinds_probe_2(),
+        "kinds_probe_3.tsv (hand-written, other kinds)": load_kinds_probe_3(),
         "chat_pairs.tsv holdout": [p for p in load_chat() if p.split == "holdout"],
         "written/*.tsv holdout": [p for p in load_written() if p.split == "holdout"],
         "unseen/*.tsv (domains never trained on)": load_unseen(),

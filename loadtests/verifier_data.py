@@ -11,8 +11,8 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
   swapped names);
 - `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
   or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings),
-  `forum_probe.tsv` (questions in the style of a Q&A forum), `kinds_probe.tsv` and
-  `kinds_probe_2.tsv` (near misses of the kinds issue 15 names);
+  `forum_probe.tsv` (questions in the style of a Q&A forum), `kinds_probe.tsv`,
+  `kinds_probe_2.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` (others);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
 
@@ -174,6 +174,15 @@ def load_kinds_probe_2() -> list[Pair]:
     "from B to A") or in other notations ("30 cm", "Dec 21", "300 K"). Pairs with a sentence
     that a training file also holds are left out."""
     return _never_trained(load_tsv("kinds_probe_2.tsv", "kinds_probe_2", split="holdout"))
+
+
+def load_kinds_probe_3() -> list[Pair]:
+    """Hand-written (2026-12-07, a third round), evaluation only, never looked at before it was
+    first scored: near misses of kinds the first two did not probe (tense, quantities,
+    comparatives and superlatives, quantifiers, audience, place or model, modality) and 35
+    rewordings, one a converse ("longer than" / "shorter than" with the two exchanged). Pairs
+    with a sentence that a training file also holds are left out."""
+    return _never_trained(load_tsv("kinds_probe_3.tsv", "kinds_probe_3", split="holdout"))
 
 
 def load_near_misses() -> list[Pair]:

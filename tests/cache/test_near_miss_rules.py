@@ -1,7 +1,8 @@
 """The verifier's near-miss rules (`pair_features.near_miss`): a question plus a modifier,
 another member of one kind (colour, season, sex, time of day, weekday, month, level), two words
 exchanged (roles, from/to), or the same words with other operators or operators written on the
-other side (`i++` / `++i`), a time relative to now ("last year" / "this year"), or a size in
+other side (`i++` / `++i`), a time relative to now ("last year" / "this year"), another
+quantifier ("all" / "most"), the same words in the past and in the future, or a size in
 bits against one in bytes ("Mbps" / "MBps": the model is uncased), is another question whatever
 the trees say; rewordings, polite
 preambles, emphasis, statements, coordinated or listed names in another order, symmetric
@@ -42,6 +43,15 @@ CONTRAST = [
     ("Will it snow in Denver tomorrow?", "Did it snow in Denver yesterday?"),
     ("Top movies of the past 2 years", "Top movies of the next 2 years"),
     ("What's on TV tonight?", "What was on TV last night?"),
+    # how many: all / every, most, some / any / a few, few
+    ("Are all snakes cold-blooded?", "Are most snakes cold-blooded?"),
+    ("Do any frogs live in the desert?", "Do all frogs live in the desert?"),
+    ("Are few teachers paid overtime?", "Are all teachers paid overtime?"),
+]  # fmt: skip
+TENSE = [
+    ("Did the council approve the new bike lanes?", "Will the council approve the new bike lanes?"),
+    ("Was the concert in Oslo cancelled?", "Will the concert in Oslo be cancelled?"),
+    ("How did the team react to the trade?", "How will the team react to the trade?"),
 ]  # fmt: skip
 EXCHANGE = [
     ("Can I move my photos from Google Drive to Dropbox?",
@@ -86,6 +96,12 @@ SAME = [
     ("How do I remove the last element of an array?", "How do I delete an array's last element?"),
     ("Is 50 Mbps enough for video calls?", "Is 50 Mb/s enough for video calls?"),
     ("Is 50 mbps enough for video calls?", "Is 50 Mbps enough for video calls?"),
+    ("Are all birds able to fly?", "Is every bird able to fly?"),
+    ("Any tips for running every day?", "How do I keep running every day?"),
+    ("Give me a few ideas for a picnic", "Give me some ideas for a picnic"),
+    ("Is it safe at all to fly?", "Is flying safe for most people?"),
+    ("Did the team win?", "Has the team won?"),
+    ("Did the team win the cup?", "Will they say the team won the cup?"),
     # statements add an apposition and mean the same (PAWS-style sentences)
     ("The bridge was built in 1890 by engineers from Glasgow.",
      "The bridge was built in 1890 by engineers from Glasgow, Scotland."),
@@ -95,7 +111,7 @@ SAME = [
 #: Each rule with the pairs it must refuse: a modifier added or dropped, another member of a
 #: kind, two words exchanged, operators changed or moved.
 RULES = {"modifier": MODIFIER, "contrast": CONTRAST, "exchange": EXCHANGE, "operator": OPERATOR,
-         "unit": UNIT}  # fmt: skip
+         "tense": TENSE, "unit": UNIT}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -115,7 +131,7 @@ def test_rewordings_and_additions_that_narrow_nothing_pass(cached: str, asked: s
 
 def test_the_verifier_refuses_them_at_any_cosine() -> None:
     v = default_verifier()
-    for cached, asked in MODIFIER + CONTRAST + EXCHANGE + OPERATOR + UNIT:
+    for cached, asked in MODIFIER + CONTRAST + EXCHANGE + OPERATOR + TENSE + UNIT:
         assert v.probabilities(asked, [(cached, 0.99), (asked, 0.5)]) == [0.0, 1.0]
     # a case-only difference is the same text, but for a unit in bits against one in bytes
     assert v.probabilities("IS 50 MBPS ENOUGH?", [("is 50 mbps enough?", 1.0)]) == [1.0]
@@ -156,6 +172,10 @@ SERVED_BY_THE_TREES = [
      "How much did Netflix's subscriber count grow last year?"),
     ("What concerts are in Austin this weekend?", "What concerts are in Austin next weekend?"),
     ("Is 50 Mbps enough for video calls?", "Is 50 MBps enough for video calls?"),
+    # 0.90-0.97 at cosine 0.89-0.98
+    ("Are all snakes cold-blooded?", "Are most snakes cold-blooded?"),
+    ("Did the council approve the new bike lanes?", "Will the council approve the new bike lanes?"),
+    ("Did it snow in Denver on Tuesday?", "Will it snow in Denver on Tuesday?"),
 ]  # fmt: skip
 PARAPHRASES = [
     ("How do I clean a cast iron pan?", "Quick question: how do I clean a cast iron pan?"),
