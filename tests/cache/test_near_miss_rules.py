@@ -1,13 +1,13 @@
-"""The verifier's near-miss rules (`pair_features.near_miss`): a question plus a modifier,
-another member of one kind (colour, season, sex, time of day, weekday, month, level), two words
-exchanged (roles, from/to), or the same words with other operators or operators written on the
-other side (`i++` / `++i`), a time relative to now ("last year" / "this year"), another
-quantifier ("all" / "most"), the same words in the past and in the future, or a size in
-bits against one in bytes ("Mbps" / "MBps": the model is uncased), is another question whatever
-the trees say; rewordings, polite
-preambles, emphasis, statements, coordinated or listed names in another order, symmetric
-relations ("compare X with Y"), phrases moved and operator spacing are not refused. Checked on
-pairs written for this file, and through the real `SemanticCache`."""
+"""The verifier's near-miss rules (`pair_features.near_miss`): a question plus a modifier;
+another member of one kind (colour, season, sex, time of day, weekday, month, level, quantifier
+"all" / "most", a time relative to now "last year" / "this year"); two words exchanged (roles,
+from/to, a person and another: "I ... my boss" / "my boss ... me"); the same words with other
+operators or operators written on the other side (`i++` / `++i`); the same words in the past and
+in the future; a size in bits against one in bytes ("Mbps" / "MBps": the model is uncased). Each
+is another question whatever the trees say; rewordings, polite preambles, emphasis, statements,
+coordinated or listed names in another order, symmetric relations ("compare X with Y"), phrases
+moved and operator spacing are not refused. Checked on pairs written for this file, and through
+the real `SemanticCache`."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ CONTRAST = [
     ("Are all snakes cold-blooded?", "Are most snakes cold-blooded?"),
     ("Do any frogs live in the desert?", "Do all frogs live in the desert?"),
     ("Are few teachers paid overtime?", "Are all teachers paid overtime?"),
+    ("Can both players use the same deck?", "Can either player use the same deck?"),
 ]  # fmt: skip
 TENSE = [
     ("Did the council approve the new bike lanes?", "Will the council approve the new bike lanes?"),
@@ -60,6 +61,11 @@ EXCHANGE = [
     ("Should I learn calculus before statistics?", "Should I learn statistics before calculus?"),
     ("Is a tomato bigger than a plum?", "Is a plum bigger than a tomato?"),
     ("how do i turn a word file into a pdf", "how do i turn a pdf file into a word"),
+    # a person and another, whatever case the pronoun takes
+    ("Can I lend money to my brother?", "Can my brother lend money to me?"),
+    ("How do I know if my teacher respects me?", "How do I know if I respect my teacher?"),
+    ("What should I tell my landlord before I move out?",
+     "What should my landlord tell me before I move out?"),
 ]  # fmt: skip
 OPERATOR = [
     ("What's the value of `n--` when n is 3?", "What's the value of `--n` when n is 3?"),
@@ -102,6 +108,10 @@ SAME = [
     ("Is it safe at all to fly?", "Is flying safe for most people?"),
     ("Did the team win?", "Has the team won?"),
     ("Did the team win the cup?", "Will they say the team won the cup?"),
+    ("Is a tomato considered a fruit?", "Is a tomato a fruit?"),
+    ("How do I tell my boss I'm quitting?", "How do I let my boss know I'm quitting?"),
+    ("Should I tell her I like her?", "Should I let her know that I like her?"),
+    ("Why does my dog follow me everywhere?", "Why is my dog following me everywhere?"),
     # statements add an apposition and mean the same (PAWS-style sentences)
     ("The bridge was built in 1890 by engineers from Glasgow.",
      "The bridge was built in 1890 by engineers from Glasgow, Scotland."),
@@ -176,6 +186,7 @@ SERVED_BY_THE_TREES = [
     ("Are all snakes cold-blooded?", "Are most snakes cold-blooded?"),
     ("Did the council approve the new bike lanes?", "Will the council approve the new bike lanes?"),
     ("Did it snow in Denver on Tuesday?", "Will it snow in Denver on Tuesday?"),
+    ("Can I lend money to my brother?", "Can my brother lend money to me?"),  # 0.70 at 0.96
 ]  # fmt: skip
 PARAPHRASES = [
     ("How do I clean a cast iron pan?", "Quick question: how do I clean a cast iron pan?"),
