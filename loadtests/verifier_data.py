@@ -12,8 +12,8 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
 - `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
   or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings),
   `forum_probe.tsv` (questions in the style of a Q&A forum), `kinds_probe.tsv`,
-  `kinds_probe_2.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv`,
-  `kinds_probe_4.tsv` (others);
+  `kinds_probe_2.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` to
+  `kinds_probe_5.tsv` (others);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
 
@@ -193,6 +193,15 @@ def load_kinds_probe_4() -> list[Pair]:
     like him"), "both" / "either", "only" and "still", degree, part, material and state, and 29
     rewordings. Pairs with a sentence that a training file also holds are left out."""
     return _never_trained(load_tsv("kinds_probe_4.tsv", "kinds_probe_4", split="holdout"))
+
+
+def load_kinds_probe_5() -> list[Pair]:
+    """Hand-written (2026-12-07, a fifth round), evaluation only, never looked at before it was
+    first scored: 40 questions in the style of a Q&A forum, each against another forum question
+    sharing its frame (another object, aspect, person or time: "How do I get over my ex?" / "How
+    do I get back together with my ex?"), and 30 rewordings. Pairs with a sentence that a
+    training file also holds are left out."""
+    return _never_trained(load_tsv("kinds_probe_5.tsv", "kinds_probe_5", split="holdout"))
 
 
 def load_near_misses() -> list[Pair]:

@@ -756,10 +756,20 @@ def _role_changes(q: _Text, c: _Text) -> float:
 # and "which" ask for anything, so they name no kind.
 _ASKS = [
     (re.compile(r"\bhow (?:many|much)\b"), "quantity"),
-    (re.compile(r"\bhow long\b"), "duration"),
-    (re.compile(r"\bhow (?:far|close)\b"), "distance"),
+    # "how many years" asks how long, "how many miles" how far: a unit says the kind too
+    (
+        re.compile(
+            r"\bhow long\b|\bhow (?:many|much) (?:years|months|weeks|days|hours|minutes"
+            r"|seconds|time)\b"
+        ),
+        "duration",
+    ),
+    (
+        re.compile(r"\bhow (?:far|close)\b|\bhow many (?:miles|kilometers|km|meters|feet)\b"),
+        "distance",
+    ),
     (re.compile(r"\bhow old\b"), "age"),
-    (re.compile(r"\bhow (?:often|frequently)\b"), "frequency"),
+    (re.compile(r"\bhow (?:often|frequently)\b|\bhow many times (?:a|per|each)\b"), "frequency"),
     (re.compile(r"\bhow (?:big|large|small|tall|high|heavy|deep|wide)\b"), "size"),
     (re.compile(r"\bhow (?:do|does|can|could|should|would|to|did)\b"), "method"),
     (re.compile(r"\bwhy\b|\bwhat (?:causes|caused|makes)\b|\breasons? (?:for|why)\b"), "reason"),

@@ -196,6 +196,18 @@ def test_and_or_swap_and_asked_kinds() -> None:
     )
     assert f("tea and coffee", "coffee and tea")["and_or_swap"] == 0
     assert f("Why does my cat knead?", "How do I stop my cat kneading?")["asks_differ"] == 1
+    # a unit says what kind of amount is asked: "how many minutes" asks how long
+    assert (
+        f("How long should I steep tea?", "How many minutes should tea steep?")["asks_differ"] == 0
+    )
+    assert f("How far is Rome from Naples?", "How many km from Rome to Naples?")["asks_differ"] == 0
+    assert (
+        f("How often should I water ferns?", "How many times a week do ferns need water?")[
+            "asks_differ"
+        ]
+        == 0
+    )
+    assert f("How long should I steep tea?", "How many cups of tea a day?")["asks_differ"] == 1
     assert (
         f("When is the best time to visit?", "What is the best time to visit?")["asks_match"] == 1
     )
