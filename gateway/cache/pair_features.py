@@ -1077,6 +1077,7 @@ _PERSON = {
     "she": "3f", "her": "3f", "hers": "3f", "herself": "3f", "we": "1p", "us": "1p", "our": "1p",
     "ours": "1p", "ourselves": "1p", "they": "3p", "them": "3p", "their": "3p", "theirs": "3p",
 }  # fmt: skip
+_PERSONS = frozenset(_PERSON.values())
 
 
 def _exchanged(q: _Text, c: _Text) -> bool:
@@ -1098,16 +1099,15 @@ def _exchanged(q: _Text, c: _Text) -> bool:
     pb = [_PERSON.get(w) or _stem(w) for w in b]
     p, s = _common_ends(pa, pb)
     # the person may open the part that moved: "if [I] love [my cat]" / "if [my cat] loves [me]"
-    persons = set(_PERSON.values())
     return any(
-        _swap_at(pa, pb, i, j, q, persons)
+        _swap_at(pa, pb, i, j, q, _PERSONS)
         for i in range(max(0, p - 2), p + 1)
         for j in (s, max(0, s - 1))
     )
 
 
 def _swap_at(
-    a: list[str], b: list[str], p: int, s: int, q: _Text, among: set[str] | None = None
+    a: list[str], b: list[str], p: int, s: int, q: _Text, among: frozenset[str] | None = None
 ) -> bool:
     """Whether a[p:-s] is b[p:-s] with its first and last parts exchanged (see `_exchanged`),
     one of them holding a word of `among` when given."""
@@ -1120,22 +1120,6 @@ def _swap_at(
             if all(w in _STOP for w in x) or all(w in _STOP for w in y):
                 return False
             if any(w in _COORDINATE for w in m) or any(w in _SYMMETRIC for w in q.words):
-                return False
-            if p > 0 and a[p - 1] == m[-1] and m[-1] in _PHRASE_HEADS:
-                return False
-            first, last = q.lower.find(x[-1]), q.lower.rfind(y[0])
-            return not (0 <= first < last and "," in q.lower[first:last])
-    return False
-    p, s = _common_ends(a, b)
-    mid_a, mid_b = a[p : len(a) - s], b[p : len(b) - s]
-    for lx in range(1, min(4, len(mid_a) - 2) + 1):
-        for ly in range(1, min(4, len(mid_a) - lx - 1) + 1):
-            x, m, y = mid_a[:lx], mid_a[lx : len(mid_a) - ly], mid_a[len(mid_a) - ly :]
-            if mid_b != y + m + x:
-                continue
-            if all(w in _STOP for w in x) or all(w in _STOP for w in y):
-                return False
-            if any(w in _COORDINATE for w in m) or any(w in _SYMMETRIC for w in a):
                 return False
             if p > 0 and a[p - 1] == m[-1] and m[-1] in _PHRASE_HEADS:
                 return False
