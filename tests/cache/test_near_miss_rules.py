@@ -1,6 +1,7 @@
 """The verifier's near-miss rules (`pair_features.near_miss`): a question plus a modifier;
 another member of one kind (colour, season, sex, time of day, weekday, month, level, quantifier
-"all" / "most", a time relative to now "last year" / "this year"); two words exchanged (roles,
+"all" / "most", a time relative to now "last year" / "this year", a deadline against a start "by
+April 15" / "after April 15"); two words exchanged (roles,
 from/to, a person and another: "I ... my boss" / "my boss ... me"); the same words with other
 operators or operators written on the other side (`i++` / `++i`); the same words in the past and
 in the future; a size in bits against one in bytes ("Mbps" / "MBps": the model is uncased). Each
@@ -48,6 +49,9 @@ CONTRAST = [
     ("Do any frogs live in the desert?", "Do all frogs live in the desert?"),
     ("Are few teachers paid overtime?", "Are all teachers paid overtime?"),
     ("Can both players use the same deck?", "Can either player use the same deck?"),
+    # a deadline or a start: by / before / until against after / since, before a date or time
+    ("Do I have to renew my license by March 31?", "Do I have to renew my license after March 31?"),
+    ("Is parking free until 6 pm?", "Is parking free after 6 pm?"),
 ]  # fmt: skip
 TENSE = [
     ("Did the council approve the new bike lanes?", "Will the council approve the new bike lanes?"),
@@ -109,6 +113,8 @@ SAME = [
     ("Did the team win?", "Has the team won?"),
     ("Did the team win the cup?", "Will they say the team won the cup?"),
     ("Is a tomato considered a fruit?", "Is a tomato a fruit?"),
+    ("Can I check in before 3 pm?", "Can I check in by 3 pm?"),
+    ("Should I get there by car?", "Should I get there after dinner?"),
     ("How do I tell my boss I'm quitting?", "How do I let my boss know I'm quitting?"),
     ("Should I tell her I like her?", "Should I let her know that I like her?"),
     ("Why does my dog follow me everywhere?", "Why is my dog following me everywhere?"),

@@ -220,6 +220,8 @@ def test_negation_said_with_a_verb_counts_as_negation() -> None:
         ("Which snacks have no sugar?", "Which snacks are sugar-free?"),
         ("Can I get headphones without a cable?", "Can I get cableless headphones?"),
         ("Can people who are not residents open an account?", "Can non-residents open an account?"),
+        # "unless" is "if not"
+        ("Why does it fail unless I restart?", "Why does it fail if I don't restart?"),
     ]
     other = [
         ("What should I eat before a long run?", "What should I avoid before a long run?"),
@@ -227,6 +229,7 @@ def test_negation_said_with_a_verb_counts_as_negation() -> None:
         ("Which snacks contain sugar?", "Which snacks are sugar-free?"),
         ("Is this process toxic?", "Is this process non-toxic?"),
         ("Why is my app useful?", "Why is my app useless?"),
+        ("Why does it fail unless I restart?", "Why does it fail when I restart?"),
     ]
     assert [features(a, b, 0.9)[at] for a, b in same] == [0.0] * len(same)
     assert [features(a, b, 0.9)[at] for a, b in other] == [1.0] * len(other)
