@@ -1,7 +1,7 @@
 """The verifier's near-miss rules (`pair_features.near_miss`): a question plus a modifier;
 another member of one kind (colour, season, sex, time of day, weekday, month, level, quantifier
 "all" / "most", a time relative to now "last year" / "this year", a deadline against a start "by
-April 15" / "after April 15"); two words exchanged (roles,
+April 15" / "after April 15", during against after); two words exchanged (roles,
 from/to, a person and another: "I ... my boss" / "my boss ... me"); the same words with other
 operators or operators written on the other side (`i++` / `++i`); the same words in the past and
 in the future; a size in bits against one in bytes ("Mbps" / "MBps": the model is uncased). Each
@@ -52,6 +52,8 @@ CONTRAST = [
     # a deadline or a start: by / before / until against after / since, before a date or time
     ("Do I have to renew my license by March 31?", "Do I have to renew my license after March 31?"),
     ("Is parking free until 6 pm?", "Is parking free after 6 pm?"),
+    # during something, against before or after it
+    ("What should I drink during a hike?", "What should I drink after a hike?"),
 ]  # fmt: skip
 TENSE = [
     ("Did the council approve the new bike lanes?", "Will the council approve the new bike lanes?"),
@@ -65,6 +67,9 @@ EXCHANGE = [
     ("Should I learn calculus before statistics?", "Should I learn statistics before calculus?"),
     ("Is a tomato bigger than a plum?", "Is a plum bigger than a tomato?"),
     ("how do i turn a word file into a pdf", "how do i turn a pdf file into a word"),
+    # words in another form: plural, third person
+    ("How many watts does a 24 volt pump use?", "How many volts does a 24 watt pump use?"),
+    ("how many pints in a quart", "how many quarts in a pint"),
     # a person and another, whatever case the pronoun takes
     ("Can I lend money to my brother?", "Can my brother lend money to me?"),
     ("How do I know if my teacher respects me?", "How do I know if I respect my teacher?"),
@@ -115,6 +120,8 @@ SAME = [
     ("Is a tomato considered a fruit?", "Is a tomato a fruit?"),
     ("Can I check in before 3 pm?", "Can I check in by 3 pm?"),
     ("Should I get there by car?", "Should I get there after dinner?"),
+    ("Why does thunder come after lightning?", "Why does lightning come before thunder?"),
+    ("What should I eat after all?", "What should I eat during the day?"),
     ("How do I tell my boss I'm quitting?", "How do I let my boss know I'm quitting?"),
     ("Should I tell her I like her?", "Should I let her know that I like her?"),
     ("Why does my dog follow me everywhere?", "Why is my dog following me everywhere?"),
