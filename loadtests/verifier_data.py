@@ -12,7 +12,7 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
 - `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
   or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings),
   `forum_probe.tsv` (questions in the style of a Q&A forum), `kinds_probe.tsv`,
-  `kinds_probe_2.tsv`, `kinds_probe_6.tsv`, `kinds_probe_7.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` to
+  `kinds_probe_2.tsv`, `kinds_probe_6.tsv` to `kinds_probe_8.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` to
   `kinds_probe_5.tsv` (others);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
@@ -221,6 +221,16 @@ def load_kinds_probe_7() -> list[Pair]:
     "per capita" / "total"), and 25 rewordings. Pairs with a sentence that a training file also
     holds are left out."""
     return _never_trained(load_tsv("kinds_probe_7.tsv", "kinds_probe_7", split="holdout"))
+
+
+def load_kinds_probe_8() -> list[Pair]:
+    """Hand-written (2026-12-07, an eighth round), evaluation only, never looked at before it was
+    first scored: 8 near misses of each kind issue 15 names, in topics and forms the other
+    probes did not use ("south to north" / "north to south", "illegal" / "legal", `*p++` /
+    `(*p)++`, `3 / 2` / `3 // 2`, "Christmas Eve" / "New Year's Eve", "the 3rd" / "the 30th",
+    "satoshis in a bitcoin" / "bitcoins in a satoshi"), and 21 rewordings. Pairs with a
+    sentence that a training file also holds are left out."""
+    return _never_trained(load_tsv("kinds_probe_8.tsv", "kinds_probe_8", split="holdout"))
 
 
 def load_near_misses() -> list[Pair]:

@@ -910,7 +910,11 @@ def features(query: str, candidate: str, cosine: float) -> list[float]:
 # A seventh (kinds_probe_7.tsv): "during" against "after" (a kind; 5 negatives more) and an
 # exchange of words in another form ("12 volt ... watts" / "12 watt ... volts", "pints in a
 # quart" / "quarts in a pint": the exchange rule also reads stems; 3 chat and 3 PAWS negatives
-# more). Neither refuses a train or tune paraphrase.
+# more). Neither refuses a train or tune paraphrase. An eighth (kinds_probe_8.tsv): `3 / 2` /
+# `3 // 2` ("//" is not a word to the features) and `*p++` / `(*p)++` (brackets): the operator
+# rule also compares the words without operators, and brackets touching an operator; 3 written
+# negatives more, no paraphrase (a dash of another length, "Kanpur - Delhi" / "Kanpur --
+# Delhi", refused two PAWS paraphrases in a first draft).
 
 #: Members of one kind: a pair naming two different members of a kind, each only on its side,
 #: asks two questions. Kept to kinds whose members are never rewordings of each other (an
@@ -1103,10 +1107,33 @@ def _operator_marks(raw: str) -> list[tuple[str, str]]:
     return marks
 
 
+#: Operators and brackets in order, and an operator touching a bracket: code's precedence.
+_CODE_PUNCT = re.compile(r"[-+*/%=<>!&|^~]+|[()\[\]{}]")
+_TOUCHING = re.compile(r"[()\[\]{}][-+*/%=<>&|^~]|[-+*/%=<>&|^~][()\[\]{}]")
+
+
 def _operators_moved(q: _Text, c: _Text) -> bool:
     """True when the texts have the same words but other operators, or an increment on the
-    other side: nothing the trees see tells them apart (`i++` / `++i`, `C++` / `C`)."""
-    return q.words == c.words and _operator_marks(q.raw) != _operator_marks(c.raw)
+    other side: nothing the trees see tells them apart (`i++` / `++i`, `C++` / `C`, `3 / 2` /
+    `3 // 2`), or the same operators grouped by other brackets (`*p++` / `(*p)++`)."""
+    qm, cm = _operator_marks(q.raw), _operator_marks(c.raw)
+    if q.words == c.words and qm != cm:
+        return True
+    if (
+        not qm
+        or not cm
+        or [w for w in q.words if w[0].isalnum()] != [w for w in c.words if w[0].isalnum()]
+    ):
+        return False
+    if len(qm) == len(cm) and _undashed(qm) != _undashed(cm):
+        return True
+    touching = _TOUCHING.search(q.raw) or _TOUCHING.search(c.raw)
+    return bool(touching) and _CODE_PUNCT.findall(q.raw) != _CODE_PUNCT.findall(c.raw)
+
+
+def _undashed(marks: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A dash is a dash however long ("Kanpur - Delhi" / "Kanpur -- Delhi")."""
+    return [("-", side) if not side and set(run) == {"-"} else (run, side) for run, side in marks]
 
 
 #: A person however the sentence places them: "I" asks what "me" and "my" do.

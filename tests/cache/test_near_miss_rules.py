@@ -3,7 +3,8 @@ another member of one kind (colour, season, sex, time of day, weekday, month, le
 "all" / "most", a time relative to now "last year" / "this year", a deadline against a start "by
 April 15" / "after April 15", during against after); two words exchanged (roles,
 from/to, a person and another: "I ... my boss" / "my boss ... me"); the same words with other
-operators or operators written on the other side (`i++` / `++i`); the same words in the past and
+operators, operators written on the other side (`i++` / `++i`) or grouped by other brackets
+(`*p++` / `(*p)++`); the same words in the past and
 in the future; a size in bits against one in bytes ("Mbps" / "MBps": the model is uncased). Each
 is another question whatever the trees say; rewordings, polite preambles, emphasis, statements,
 coordinated or listed names in another order, symmetric relations ("compare X with Y"), phrases
@@ -81,6 +82,10 @@ OPERATOR = [
     ("Is x++ atomic in Java?", "Is ++x atomic in Java?"),
     ("Is x-- thread-safe in C?", "Is --x thread-safe in C?"),
     ("Where should I start learning C++?", "Where should I start learning C?"),
+    # an operator that is not a word to the features, brackets that group otherwise
+    ("What does 9 / 4 give in Python?", "What does 9 // 4 give in Python?"),
+    ("What does `*q++` do in C?", "What does `(*q)++` do in C?"),
+    ("Is (x+y)*z the same as x+y*z?", "Is x+y*z the same as x+y*z?"),
 ]
 UNIT = [
     ("Is 50 Mbps enough for video calls?", "Is 50 MBps enough for video calls?"),
@@ -96,6 +101,9 @@ SAME = [
     ("Is it cold in Oslo in March?", "Is it cold in March in Oslo?"),
     ("What is 7 * 6?", "What is 7*6?"),
     ("What's new in C++20?", "What's new in C++ 20?"),
+    ("What is the value of len(x)-1?", "What is the value of len(x) - 1?"),
+    ("The Paris - Lyon line opened when?", "The Paris -- Lyon line opened when?"),
+    ("Best laptop (2024) - which to buy?", "Best laptop 2024 - which to buy?"),
     ("Explain two-step verification!", "Explain two step verification"),
     ("Which is faster, C++ or Go?", "Which is faster, C++ or Go"),
     ("Quick question: how do I clean a cast iron pan?", "How do I clean a cast iron pan?"),
