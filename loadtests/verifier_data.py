@@ -13,7 +13,7 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
   or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings),
   `forum_probe.tsv` (questions in the style of a Q&A forum), `kinds_probe.tsv`,
   `kinds_probe_2.tsv`, `kinds_probe_6.tsv` to `kinds_probe_8.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` to
-  `kinds_probe_5.tsv` (others);
+  `kinds_probe_5.tsv`, `kinds_probe_9.tsv` (others);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
 
@@ -231,6 +231,15 @@ def load_kinds_probe_8() -> list[Pair]:
     "satoshis in a bitcoin" / "bitcoins in a satoshi"), and 21 rewordings. Pairs with a
     sentence that a training file also holds are left out."""
     return _never_trained(load_tsv("kinds_probe_8.tsv", "kinds_probe_8", split="holdout"))
+
+
+def load_kinds_probe_9() -> list[Pair]:
+    """Hand-written (2026-12-07, a ninth round), evaluation only, never looked at before it was
+    first scored: 20 requests to a chat model against another request in the same frame (other
+    form, length, language, tone, audience or task: "Write a haiku" / "a limerick", "in 3
+    bullet points" / "in 5"), and 16 rewordings. Pairs with a sentence that a training file
+    also holds are left out."""
+    return _never_trained(load_tsv("kinds_probe_9.tsv", "kinds_probe_9", split="holdout"))
 
 
 def load_near_misses() -> list[Pair]:
