@@ -12,7 +12,7 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
 - `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
   or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings),
   `forum_probe.tsv` (questions in the style of a Q&A forum), `kinds_probe.tsv`,
-  `kinds_probe_2.tsv`, `kinds_probe_6.tsv` to `kinds_probe_8.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` to
+  `kinds_probe_2.tsv`, `kinds_probe_6.tsv` to `kinds_probe_8.tsv`, `kinds_probe_10.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` to
   `kinds_probe_5.tsv`, `kinds_probe_9.tsv` (others);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
@@ -240,6 +240,16 @@ def load_kinds_probe_9() -> list[Pair]:
     bullet points" / "in 5"), and 16 rewordings. Pairs with a sentence that a training file
     also holds are left out."""
     return _never_trained(load_tsv("kinds_probe_9.tsv", "kinds_probe_9", split="holdout"))
+
+
+def load_kinds_probe_10() -> list[Pair]:
+    """Hand-written (2026-12-07, a tenth round), evaluation only, never looked at before it was
+    first scored: 8 near misses of each kind issue 15 names, in topics and forms the other
+    probes did not use ("Can a Mac read an NTFS drive?" / "Can an NTFS drive read a Mac?", "no
+    symptoms", `a ?? b` / `a || b`, "9/11/2001" / "11/9/1989", "go back" / "go forward",
+    "pounds" / "ounces" of turkey), and 18 rewordings. Pairs with a sentence that a training
+    file also holds are left out."""
+    return _never_trained(load_tsv("kinds_probe_10.tsv", "kinds_probe_10", split="holdout"))
 
 
 def load_near_misses() -> list[Pair]:
