@@ -19,6 +19,7 @@ stale counter turns one request's guess, not its answer.
 from __future__ import annotations
 
 import re
+import zlib
 
 import numpy as np
 
@@ -81,8 +82,11 @@ class WordGate:
         return int(self._counts.nbytes)
 
     def _slots(self, namespace: str, words: frozenset[str]) -> list[int]:
+        # CRC-32, not hash(): Python salts str hashes per process, so which pairs collide (and
+        # whether a request waits) would change with every start
         mask = self._mask
-        return [hash((namespace, w)) & mask for w in words]
+        seed = zlib.crc32(namespace.encode("utf-8", "surrogatepass") + b"\x00")
+        return [zlib.crc32(w.encode(), seed) & mask for w in words]
 
     def add(self, namespace: str, text: str) -> None:
         counts = self._counts
