@@ -9,7 +9,7 @@ kinds_probe*.tsv and unseen/*.tsv; see loadtests/verifier_data.py) for four deci
 - floor: plain cosine of the cache's embedder (MiniLM) against a threshold;
 - guards: cosine threshold, then the lexical near-miss guards (gateway/cache/guards.py);
 - verifier: candidates at cosine >= the retrieval floor, then the pair classifier's probability
-  against a threshold (gateway/cache/verifier.py; its near-miss rules, `pair_features.near_miss`,
+  against a threshold (gateway/cache/verifier.py; its near-miss rules, `near_miss_rules.near_miss`,
   refuse a modifier added, another member of a kind, two names exchanged or operators moved
   whatever the trees say);
 - verifier+guards: the verifier, and the guards may still veto;

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.cache.pair_features import FEATURES, features, identical, near_miss
+from gateway.cache.near_miss_rules import identical, near_miss
+from gateway.cache.pair_features import FEATURES, features
 from gateway.cache.verifier import MODEL_PATH
 from loadtests.verifier_data import (
     Pair,

@@ -2,8 +2,8 @@
 
 Retrieval by embedding finds candidates whose cosine reaches `retrieval_floor`; this pair
 classifier then scores each (new question, cached question) pair from `pair_features` and
-serves the best candidate whose probability reaches the decision threshold; four lexical rules
-(`pair_features.near_miss`) refuse a pair whatever the model says. The model is a small
+serves the best candidate whose probability reaches the decision threshold; the near-miss rules
+(`near_miss_rules.near_miss`) refuse a pair whatever the model says. The model is a small
 gradient-boosted tree ensemble shipped as JSON (`verifier_model.json`, written by
 `python -m loadtests.train_verifier` from public data; see that script for data and splits) and
 evaluated here in pure Python: no training library at run time.
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.cache.pair_features import FEATURES, features, identical, near_miss
+from gateway.cache.near_miss_rules import identical, near_miss
+from gateway.cache.pair_features import FEATURES, features
 
 MODEL_PATH = Path(__file__).with_name("verifier_model.json")
 

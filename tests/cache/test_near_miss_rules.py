@@ -1,4 +1,4 @@
-"""The verifier's near-miss rules (`pair_features.near_miss`): a question plus a modifier;
+"""The verifier's near-miss rules (`near_miss_rules.near_miss`): a question plus a modifier;
 another member of one kind (colour, season, sex, time of day, weekday, month, level, quantifier
 "all" / "most", a time relative to now "last year" / "this year", a deadline against a start "by
 April 15" / "after April 15", during against after); two words exchanged (roles,
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.cache.pair_features import near_miss
+from gateway.cache.near_miss_rules import near_miss
 from gateway.cache.verifier import default_verifier
 
 MODIFIER = [

@@ -1,0 +1,393 @@
+"""Near-miss rules: vetoes on top of the verifier's trees.
+
+Each rule refuses a pair whatever the trees say, for a kind of difference the embedding and the
+word overlap both miss: a question plus a modifier ("snake plants need water" / "... in
+winter"), another member of one small kind ("a white cat" / "a black cat", "last year" / "this
+year", "all" / "most", "by April 15" / "after April 15"), two words or persons exchanged ("did
+Brazil beat Germany" / "did Germany beat Brazil", "what should I say to my boss" / "what should
+my boss say to me"), operators changed, moved or grouped otherwise (`i++` / `++i`, `*p++` /
+`(*p)++`), the same words in the past and in the future, and a size in bits against one in
+bytes ("Mbps" / "MBps": the model is uncased). Each was found by a hand-written probe
+(`loadtests/data/kinds_probe*.tsv`) and kept only where, on every train and tune pair, it
+refused negatives and (almost) no paraphrase; the counts are in BENCHMARKS.md ("Semantic cache
+quality").
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from gateway.cache.pair_features import (
+    _CONJ,
+    _ORDER_WORDS,
+    _STOP,
+    _common_ends,
+    _stem,
+    _Text,
+    _text,
+)
+
+#: Members of one kind: a pair naming two different members of a kind, each only on its side,
+#: asks two questions. Kept to kinds whose members are never rewordings of each other (an
+#: "evening" is a "night", a "child seat" a "baby seat": those kinds are not here).
+_KINDS = {
+    "colour": [["white"], ["black"], ["red"], ["blue"], ["green"], ["yellow"], ["orange"],
+               ["purple"], ["pink"], ["brown"], ["grey", "gray"], ["silver"], ["gold"]],
+    "season": [["spring"], ["summer"], ["autumn", "fall"], ["winter"]],
+    "sex": [["man", "men", "male", "males", "guy", "guys", "boy", "boys", "husband", "father",
+             "dad", "son", "gentleman", "gentlemen"],
+            ["woman", "women", "female", "females", "girl", "girls", "lady", "ladies", "wife",
+             "mother", "mom", "daughter"]],
+    "time of day": [["morning"], ["afternoon"], ["evening", "night", "tonight"]],
+    "weekday": [[d] for d in ("monday", "tuesday", "wednesday", "thursday", "friday",
+                              "saturday", "sunday")],
+    "month": [[m] for m in ("january", "february", "march", "april", "june", "july", "august",
+                            "september", "october", "november", "december")],
+    "level": [["beginner", "beginners", "novice", "novices"], ["intermediate"],
+              ["advanced", "expert", "experts"]],
+}  # fmt: skip
+_MEMBER = {w: (kind, i) for kind, groups in _KINDS.items() for i, ws in enumerate(groups)
+           for w in ws}  # fmt: skip
+#: How a request to a chat model starts (after contractions are expanded): the modifier rule
+#: is for such texts. Statements (PAWS's wiki sentences) add an apposition or a country to say
+#: the same thing ("... from Macedonia and Thrace , Greece"): 30 served PAWS paraphrases of the
+#: tune split would be refused.
+_ASKING = frozenset([
+    "how", "what", "which", "why", "when", "where", "who", "whom", "whose", "is", "are", "am",
+    "can", "could", "do", "does", "did", "should", "will", "would", "was", "were", "any", "i",
+    "my", "tips", "best", "write", "explain", "give", "list", "suggest", "recommend", "tell",
+    "describe", "summarize", "summarise", "translate", "compare", "name", "show", "help", "find",
+])  # fmt: skip
+#: Added words that narrow nothing: adverbs of emphasis and politeness.
+_NARROW_NOTHING = frozenset([
+    "really", "actually", "exactly", "usually", "typically", "generally", "normally", "ever",
+    "basically", "honestly", "possibly", "even", "still", "just", "thanks", "thank", "please",
+    "quick", "question", "hey", "hi", "hello", "wondering", "like", "know", "curious", "asking",
+    "considered", "regarded",  # "is a tomato (considered) a fruit?"
+])  # fmt: skip
+
+
+def _asking(t: _Text) -> bool:
+    return t.raw.rstrip().endswith("?") or (bool(t.words) and t.words[0] in _ASKING)
+
+
+def _adds_modifier(q: _Text, c: _Text) -> bool:
+    """True when one text is the other's words, in order, plus a content word or number (a
+    preamble before the shorter text's first word does not count: "Quick question: ...")."""
+    if len(q.words) == len(c.words) or not (_asking(q) and _asking(c)):
+        return False
+    short, long = (q.words, c.words) if len(q.words) < len(c.words) else (c.words, q.words)
+    if not short or len(long) > 2 * _ORDER_WORDS or short[0] not in long:
+        return False
+    rest = long[long.index(short[0]) :]
+    it = iter(rest)
+    if not all(w in it for w in short):  # a subsequence: each word found after the last one
+        return False
+    have = set(short)
+    return any(
+        w not in have and w[0].isalnum() and w not in _STOP and w not in _NARROW_NOTHING
+        for w in rest
+    )
+
+
+#: A time said relative to now: "last year" / "this year" / "next year" are three questions.
+#: Only before a word of time ("the last element" is not a time); "yesterday", "today",
+#: "tomorrow" say it alone.
+_RELATIVE = {"last": 0, "previous": 0, "past": 0, "this": 1, "current": 1, "next": 2,
+             "coming": 2, "upcoming": 2}  # fmt: skip
+_TIME_NOUNS = frozenset([
+    "year", "years", "month", "months", "week", "weeks", "weekend", "weekends", "quarter",
+    "quarters", "season", "semester", "term", "decade", "century", "day", "days", "night",
+    "morning", "afternoon", "evening", "summer", "winter", "spring", "autumn", "fall",
+    *(w for ws in _KINDS["weekday"] + _KINDS["month"] for w in ws),
+])  # fmt: skip
+_DEICTIC = {"yesterday": 0, "today": 1, "tonight": 1, "tomorrow": 2}
+#: A deadline or a start: "by April 15" / "after April 15", before a date or a time only ("by
+#: car", "after dinner" are not).
+_BOUND = {"by": 0, "before": 0, "until": 0, "till": 0, "after": 1, "since": 1}
+_DATE_WORDS = _TIME_NOUNS | frozenset(["noon", "midnight", "today", "tomorrow", "tonight"])
+_ARTICLES = frozenset(["the", "next", "this"])
+#: During something, or before or after it: "What did people eat during the war?" / "after the
+#: war". Before and after are one member: "thunder comes after lightning" is "lightning comes
+#: before thunder" (a converse the rule would refuse; the trees weigh "before" / "after").
+_SEQUENCE = {"before": 0, "after": 0, "during": 1}
+#: Not a time there: "after all", "look after", "named after", "than before", "before long".
+_NOT_SEQUENCE = frozenset(["look", "looks", "looking", "looked", "named", "take", "takes", "than",
+                           "ever", "never"])  # fmt: skip
+#: Counts between the relative word and its time: "the last 3 years", "the next few days".
+_SPAN = frozenset(["few", "couple", "several", "two", "three"])
+
+
+#: How many: "all" / "every" / "each" / "both", "most", "some" / "any" / "either" / "a few", "few".
+_QUANTIFIER = {"all": 0, "every": 0, "each": 0, "both": 0, "most": 1, "some": 2, "any": 2,
+               "either": 2, "few": 3}  # fmt: skip
+#: Not a quantifier there: "at all", "after all", "all of a sudden", "the most", "most of all".
+_NOT_QUANTIFYING = frozenset(["at", "after", "above", "the", "once", "for"])
+
+
+def _quantifies(words: list[str], i: int) -> bool:
+    """Whether words[i] says how many: not "at all", "the most", "every day" (a time), nor a
+    request's opening "Any tips?"."""
+    if i == 0:
+        return words[i] != "any"
+    return words[i - 1] not in _NOT_QUANTIFYING and (
+        i + 1 == len(words) or words[i + 1] not in _TIME_NOUNS
+    )
+
+
+def _word_after(words: list[str], i: int, skip: frozenset[str]) -> str:
+    """The word after words[i], past up to two numbers or words of `skip` ("" at the end):
+    "last [3] years", "next [few] days"."""
+    j = i + 1
+    while j < len(words) and j <= i + 2 and (words[j][0].isdigit() or words[j] in skip):
+        j += 1
+    return words[j] if j < len(words) else ""
+
+
+def _sequence(words: list[str], i: int) -> bool:
+    """Whether words[i] ("before", "during", "after") places something in time: not "after
+    all", "before long", "look after", "named after", "than before"."""
+    if i + 1 == len(words) or words[i + 1] in ("all", "long"):
+        return False
+    return i == 0 or words[i - 1] not in _NOT_SEQUENCE
+
+
+def _members(words: list[str]) -> set[tuple[str, int]]:
+    """The (kind, member) pairs a text names, times relative to now included."""
+    found = {_MEMBER[w] for w in words if w in _MEMBER}
+    for i, w in enumerate(words):
+        if w in _QUANTIFIER:
+            if _quantifies(words, i):
+                few = w == "few" and i > 0 and words[i - 1] == "a"  # "a few" is "some"
+                found.add(("quantifier", 2 if few else _QUANTIFIER[w]))
+        elif w in _DEICTIC:
+            found.add(("when", _DEICTIC[w]))
+        elif w in _BOUND and i + 1 < len(words):
+            nxt = words[i + 2] if words[i + 1] in _ARTICLES and i + 2 < len(words) else words[i + 1]
+            if nxt[0].isdigit() or nxt in _DATE_WORDS:
+                found.add(("bound", _BOUND[w]))
+        elif w in _RELATIVE and _word_after(words, i, _SPAN) in _TIME_NOUNS:
+            found.add(("when", _RELATIVE[w]))
+        if w in _SEQUENCE and _sequence(words, i):
+            found.add(("sequence", _SEQUENCE[w]))
+    return found
+
+
+@lru_cache(maxsize=16384)
+def _members_of(raw: str) -> frozenset[tuple[str, int]]:
+    return frozenset(_members(_text(raw).words))
+
+
+def _contrast(q: _Text, c: _Text) -> bool:
+    """True when the texts name different members of one kind, each only on its side."""
+    qk, ck = _members_of(q.raw), _members_of(c.raw)
+    only_c = {kind for kind, _ in ck - qk}
+    return any(kind in only_c for kind, _ in qk - ck)
+
+
+#: Runs of the characters code writes operators with (the words see none of them).
+_OPERATOR_RUN = re.compile(r"[-+*/%=<>!&|^~]+")
+#: Words that coordinate: "A and B" / "B and A" asks the same thing.
+_COORDINATE = _CONJ | {"nor"}
+#: "born in Boston in 1923" / "born in 1923 in Boston": a phrase moved, not a role exchanged.
+_PHRASE_HEADS = frozenset(["in", "on", "at", "during", "by", "with", "for"])
+#: Relations that read the same both ways: "compare X with Y", "how far is X from Y", "is X
+#: different from Y" ask what the exchanged question asks.
+_SYMMETRIC = frozenset([
+    "compare", "comparing", "comparison", "differ", "differs", "different", "difference",
+    "differences", "similar", "similarities", "same", "alike", "equal", "equivalent", "far",
+    "distance", "between", "relationship", "related",
+])  # fmt: skip
+
+
+def _operator_marks(raw: str) -> list[tuple[str, str]]:
+    """Each operator run in order; an increment or decrement also with the side of the name it
+    applies to: `i++` ("left") is not `++i` ("right"), while `C++20` is `C++ 20` and `5+3` is
+    `5 + 3` (other spacing is style). Exclamation marks and a lone hyphen or slash between
+    letters ("two-step", "and/or") are prose, not operators."""
+    low = raw.lower()
+    marks = []
+    for m in _OPERATOR_RUN.finditer(low):
+        run = m.group()
+        before = low[m.start() - 1] if m.start() else " "
+        after = low[m.end()] if m.end() < len(low) else " "
+        if set(run) == {"!"} or (run in ("-", "/") and before.isalpha() and after.isalpha()):
+            continue
+        side = ""
+        if run in ("++", "--"):
+            if before.isalpha() or before in "_)]":
+                side = "left"
+            elif after.isalpha() or after == "_":
+                side = "right"
+        marks.append((run, side))
+    return marks
+
+
+#: Operators and brackets in order, and an operator touching a bracket: code's precedence.
+_CODE_PUNCT = re.compile(r"[-+*/%=<>!&|^~]+|[()\[\]{}]")
+_TOUCHING = re.compile(r"[()\[\]{}][-+*/%=<>&|^~]|[-+*/%=<>&|^~][()\[\]{}]")
+
+
+def _operators_moved(q: _Text, c: _Text) -> bool:
+    """True when the texts have the same words but other operators, or an increment on the
+    other side: nothing the trees see tells them apart (`i++` / `++i`, `C++` / `C`, `3 / 2` /
+    `3 // 2`), or the same operators grouped by other brackets (`*p++` / `(*p)++`)."""
+    qm, cm = _operator_marks(q.raw), _operator_marks(c.raw)
+    if q.words == c.words and qm != cm:
+        return True
+    if (
+        not qm
+        or not cm
+        or [w for w in q.words if w[0].isalnum()] != [w for w in c.words if w[0].isalnum()]
+    ):
+        return False
+    if len(qm) == len(cm) and _undashed(qm) != _undashed(cm):
+        return True
+    touching = _TOUCHING.search(q.raw) or _TOUCHING.search(c.raw)
+    return bool(touching) and _CODE_PUNCT.findall(q.raw) != _CODE_PUNCT.findall(c.raw)
+
+
+def _undashed(marks: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A dash is a dash however long ("Kanpur - Delhi" / "Kanpur -- Delhi")."""
+    return [("-", side) if not side and set(run) == {"-"} else (run, side) for run, side in marks]
+
+
+#: A person however the sentence places them: "I" asks what "me" and "my" do.
+_PERSON = {
+    "i": "1s", "me": "1s", "my": "1s", "mine": "1s", "myself": "1s", "you": "2", "your": "2",
+    "yours": "2", "yourself": "2", "he": "3m", "him": "3m", "his": "3m", "himself": "3m",
+    "she": "3f", "her": "3f", "hers": "3f", "herself": "3f", "we": "1p", "us": "1p", "our": "1p",
+    "ours": "1p", "ourselves": "1p", "they": "3p", "them": "3p", "their": "3p", "theirs": "3p",
+}  # fmt: skip
+_PERSONS = frozenset(_PERSON.values())
+
+
+def _exchanged(q: _Text, c: _Text) -> bool:
+    """True when two names or words (up to 4 words each), not next to each other and not
+    coordinated, exchanged places and nothing else changed: "from my savings to my checking" /
+    "from my checking to my savings", "Did Brazil beat Germany" / "Did Germany beat Brazil",
+    "from Google Drive to Dropbox"; or a person and another ("What should I say to my boss?" /
+    "What should my boss say to me?", "if I love my cat" / "if my cat loves me"). Members of a
+    list (a comma between them), a phrase moved ("in Boston in 1923") and symmetric relations
+    ("compare X with Y") are left to the trees."""
+    a, b = q.words, c.words
+    if len(a) != len(b) or a == b or len(a) > _ORDER_WORDS:
+        return False
+    if _swap_at(a, b, *_common_ends(a, b), q):
+        return True
+    # words in another form: "a 12 volt fridge ... watts" / "a 12 watt fridge ... volts"
+    pa = [_PERSON.get(w) or _stem(w) for w in a]
+    pb = [_PERSON.get(w) or _stem(w) for w in b]
+    p, s = _common_ends(pa, pb)
+    if pa != pb and _swap_at(pa, pb, p, s, q):
+        return True
+    if not any(w in _PERSON for w in a):
+        return False
+    # the person may open the part that moved: "if [I] love [my cat]" / "if [my cat] loves [me]"
+    return any(
+        _swap_at(pa, pb, i, j, q, _PERSONS)
+        for i in range(max(0, p - 2), p + 1)
+        for j in (s, max(0, s - 1))
+    )
+
+
+def _swap_at(
+    a: list[str], b: list[str], p: int, s: int, q: _Text, among: frozenset[str] | None = None
+) -> bool:
+    """Whether a[p:-s] is b[p:-s] with its first and last parts exchanged (see `_exchanged`),
+    one of them holding a word of `among` when given."""
+    mid_a, mid_b = a[p : len(a) - s], b[p : len(b) - s]
+    for lx in range(1, min(4, len(mid_a) - 2) + 1):
+        for ly in range(1, min(4, len(mid_a) - lx - 1) + 1):
+            x, m, y = mid_a[:lx], mid_a[lx : len(mid_a) - ly], mid_a[len(mid_a) - ly :]
+            if mid_b != y + m + x or (among is not None and not among.intersection(x + y)):
+                continue
+            if all(w in _STOP for w in x) or all(w in _STOP for w in y):
+                return False
+            if any(w in _COORDINATE for w in m) or any(w in _SYMMETRIC for w in q.words):
+                return False
+            if p > 0 and a[p - 1] == m[-1] and m[-1] in _PHRASE_HEADS:
+                return False
+            first, last = q.lower.find(x[-1]), q.lower.rfind(y[0])
+            return not (0 <= first < last and "," in q.lower[first:last])
+    return False
+
+
+#: "Did it rain on Saturday?" / "Will it rain on Saturday?": the same words in the past and in
+#: the future ask two questions; the trees served such pairs (0.77-0.96) whose only change is
+#: the auxiliary. Words that come with a tense ("be", "have") are left out of the comparison.
+_PAST = frozenset(["did", "was", "were", "had"])
+_FUTURE = frozenset(["will", "gonna"])
+_WITH_TENSE = _PAST | _FUTURE | {"be", "been", "have"}
+
+
+def _tense_words(t: _Text) -> tuple[set[str], list[str]]:
+    tenses = {"past" if w in _PAST else "future" for w in t.words if w in _PAST or w in _FUTURE}
+    return tenses, [_stem(w).rstrip("e") for w in t.words if w not in _WITH_TENSE]
+
+
+def _tense_changed(q: _Text, c: _Text) -> bool:
+    """True when the texts say the same words, one in the past and the other in the future."""
+    qt, qw = _tense_words(q)
+    ct, cw = _tense_words(c)
+    return len(qt) == len(ct) == 1 and qt != ct and qw == cw
+
+
+#: A data size or rate: "Mb" (bits) is not "MB" (bytes), a difference of case only, which the
+#: uncased model and the lower-cased words cannot see. All lower case ("mb", "mbps") is left
+#: alone: it is written for either.
+_UNIT_HINT = re.compile(r"[kmgtpKMGTP]i?[bB]")
+_DATA_UNIT = re.compile(r"(?<![^\W\d_])([kmgtp]i?)(b)(ps|/s)?(?![^\W_])", re.IGNORECASE)
+
+
+@lru_cache(maxsize=16384)
+def _data_units(raw: str) -> tuple[tuple[str, str, bool], ...]:
+    if not _UNIT_HINT.search(raw):  # most texts: a quick scan, not the whole pattern
+        return ()
+    return tuple(
+        (m.group(1).lower() + (m.group(3) or "").replace("/s", "ps").lower(), m.group(2),
+         m.group().islower())
+        for m in _DATA_UNIT.finditer(raw)
+    )  # fmt: skip
+
+
+def _bits_bytes(q: _Text, c: _Text) -> bool:
+    """True when one text says a size or rate in bits where the other says it in bytes
+    ("100 Mbps" / "100 MBps", "8 Gb" / "8 GB"), each written with its case."""
+    qu, cu = _data_units(q.raw), _data_units(c.raw)
+    if len(qu) != len(cu):
+        return False
+    return any(
+        a[0] == b[0] and a[1] != b[1] and not a[2] and not b[2] for a, b in zip(qu, cu, strict=True)
+    )
+
+
+def near_miss(query: str, candidate: str) -> str | None:
+    """The rule that refuses `candidate` as an answer to `query` whatever the trees say
+    ("modifier", "contrast", "exchange", "operator", "tense", "unit"), or None."""
+    q, c = _text(query), _text(candidate)
+    if _adds_modifier(q, c):
+        return "modifier"
+    if _contrast(q, c):
+        return "contrast"
+    if _exchanged(q, c):
+        return "exchange"
+    if _operators_moved(q, c):
+        return "operator"
+    if _tense_changed(q, c):
+        return "tense"
+    if _bits_bytes(q, c):
+        return "unit"
+    return None
+
+
+_SPACING = re.compile(r"[\s?!.,;:]+")
+
+
+def identical(query: str, candidate: str) -> bool:
+    """The same text but for case, spacing and sentence punctuation (operators count), and
+    no unit in bits on one side and in bytes on the other ("Mbps" / "MBps")."""
+    if _SPACING.sub(" ", query.lower()).strip() != _SPACING.sub(" ", candidate.lower()).strip():
+        return False
+    return query == candidate or not _bits_bytes(_text(query), _text(candidate))
