@@ -84,6 +84,22 @@ def test_names_exchanged_and_operators_moved_are_other_questions(gw) -> None:
         assert ask(gw, other).headers["x-gateway-cache"] != "hit-semantic", other
 
 
+def test_other_quantifier_tense_person_and_unit_case_are_other_questions(gw) -> None:
+    """The rules added after the probes of 2026-12-07, through the gateway: the trees alone
+    serve each of these (0.70-1.0); "MBps" / "Mbps" is even the same vector (the model is
+    uncased)."""
+    for cached, other in [
+        ("Are all snakes cold-blooded?", "Are most snakes cold-blooded?"),
+        ("Did it snow in Denver on Tuesday?", "Will it snow in Denver on Tuesday?"),
+        ("Can I lend money to my brother?", "Can my brother lend money to me?"),
+        ("Is 50 Mbps enough for video calls?", "Is 50 MBps enough for video calls?"),
+    ]:
+        ask(gw, cached)
+        stored = eventually_hit(gw, cached)
+        assert stored.headers["x-gateway-cache"] == "hit-semantic"
+        assert ask(gw, other).headers["x-gateway-cache"] != "hit-semantic", other
+
+
 def test_other_conversation_and_other_tenant_do_not_hit(gw) -> None:
     earlier = [
         {"role": "user", "content": "I am flying to Tokyo."},
