@@ -12,7 +12,7 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
 - `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
   or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings),
   `forum_probe.tsv` (questions in the style of a Q&A forum), `kinds_probe.tsv`,
-  `kinds_probe_2.tsv`, `kinds_probe_6.tsv` to `kinds_probe_8.tsv`, `kinds_probe_10.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` to
+  `kinds_probe_2.tsv`, `kinds_probe_6.tsv` to `kinds_probe_8.tsv`, `kinds_probe_10.tsv`, `kinds_probe_11.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` to
   `kinds_probe_5.tsv`, `kinds_probe_9.tsv` (others);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
@@ -250,6 +250,16 @@ def load_kinds_probe_10() -> list[Pair]:
     "pounds" / "ounces" of turkey), and 18 rewordings. Pairs with a sentence that a training
     file also holds are left out."""
     return _never_trained(load_tsv("kinds_probe_10.tsv", "kinds_probe_10", split="holdout"))
+
+
+def load_kinds_probe_11() -> list[Pair]:
+    """Hand-written (2026-12-07, an eleventh round, after every rule of that day), evaluation
+    only, never looked at before it was first scored: 8 near misses of each kind issue 15 names
+    ("stdout to stderr" / "stderr to stdout", "without rennet" / "with rennet", `LIMIT 10 OFFSET
+    20` / `LIMIT 20 OFFSET 10`, "the day after Christmas" / "before", "nautical" / "statute"
+    mile), and 20 rewordings. Pairs with a sentence that a training file also holds are left
+    out."""
+    return _never_trained(load_tsv("kinds_probe_11.tsv", "kinds_probe_11", split="holdout"))
 
 
 def load_near_misses() -> list[Pair]:
