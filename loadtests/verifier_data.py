@@ -11,9 +11,8 @@ Sources (all public or written here, none from a benchmark the held-out evaluati
   swapped names);
 - `loadtests/data/near_misses.tsv`: hand-written chat near misses, evaluation only, never trained
   or tuned on; `order_probe.tsv` likewise (order, operators, meaning flips, name spellings),
-  `forum_probe.tsv` (questions in the style of a Q&A forum), `kinds_probe.tsv`,
-  `kinds_probe_2.tsv`, `kinds_probe_6.tsv` to `kinds_probe_8.tsv`, `kinds_probe_10.tsv`, `kinds_probe_11.tsv` (near misses of the kinds issue 15 names) and `kinds_probe_3.tsv` to
-  `kinds_probe_5.tsv`, `kinds_probe_9.tsv` (others);
+  and the probes of `PROBES` (`forum_probe.tsv`, `kinds_probe*.tsv`: near misses of the kinds
+  issue 15 names and of others, each written in one go and scored once before any change);
 - `loadtests/data/unseen/*.tsv`: written like `written/` but in eight other domains, after the
   shipped model was trained: evaluation only, every pair.
 
@@ -148,118 +147,46 @@ def load_context_probe() -> list[Pair]:
     return load_tsv("context_probe.tsv", "context_probe", split="holdout")
 
 
-def load_forum_probe() -> list[Pair]:
-    """Hand-written (2026-12-07), evaluation only, never looked at before it was first scored:
-    questions in the style of a Q&A forum (short, casual, some lower case or without a question
-    mark): 60 rewordings, and 60 other questions sharing most words (another entity, aspect,
-    scope or antonym), two per cached question. The stand-in for QQP-style pairs. Pairs with a
-    sentence that a training file also holds ("Why is the sky blue?") are left out."""
-    return _never_trained(load_tsv("forum_probe.tsv", "forum_probe", split="holdout"))
+#: Hand-written probes, evaluation only: each written in one go and scored once before anything
+#: was changed for what it found (BENCHMARKS.md, "Semantic cache quality"); file -> the label
+#: its rows carry in the results. Pairs with a sentence that a training file also holds are left
+#: out (`load_probe`).
+PROBES = {
+    # questions in the style of a Q&A forum (short, casual, some lower case): 60 rewordings and
+    # 60 other questions sharing most words; the stand-in for QQP-style pairs
+    "forum_probe.tsv": "Q&A-forum style",
+    # 12 near misses of each kind issue 15 names (direction, negation, code operators, dates,
+    # units) and antonyms, 44 rewordings, some in forms the old guards refused ("2-step", "tbsp")
+    "kinds_probe.tsv": "the issue's kinds",
+    # the same kinds in other words and topics; rewordings symmetric ("the distance between A
+    # and B") or in other notations ("30 cm", "Dec 21", "300 K")
+    "kinds_probe_2.tsv": "the issue's kinds, second round",
+    # tense, quantities, comparatives, quantifiers, audience, place, modality; one converse
+    "kinds_probe_3.tsv": "other kinds",
+    # particles ("zoom in" / "out"), ordinals, the question word, who does what to whom,
+    # "both" / "either", "only" and "still", degree, part, material, state
+    "kinds_probe_4.tsv": "other kinds, second round",
+    # forum questions against another in their frame ("get over my ex" / "get back with my ex")
+    "kinds_probe_5.tsv": "forum-style frames",
+    # the issue's kinds in other forms: "EUR -> USD", "excluding", `x[1:]`, "2 weeks ago", "psi"
+    "kinds_probe_6.tsv": "the issue's kinds, third round",
+    # "A depends on B", "no longer", `is None`, "100 BC" / "AD", watts / volts, "per capita"
+    "kinds_probe_7.tsv": "the issue's kinds, fourth round",
+    # "south to north", "illegal", `*p++` / `(*p)++`, `3 / 2` / `3 // 2`, "the 3rd" / "30th"
+    "kinds_probe_8.tsv": "the issue's kinds, fifth round",
+    # requests to a chat model against another in their frame ("a haiku" / "a limerick")
+    "kinds_probe_9.tsv": "requests in one frame",
+    # "Can a Mac read an NTFS drive?" reversed, "no symptoms", `a ?? b`, "go back" / "forward"
+    "kinds_probe_10.tsv": "the issue's kinds, sixth round",
+    # written after every rule of 2026-12-07: "stdout to stderr", "without rennet", `LIMIT 10
+    # OFFSET 20`, "the day after Christmas", "nautical" / "statute" mile
+    "kinds_probe_11.tsv": "the issue's kinds, seventh round",
+}
 
 
-def load_kinds_probe() -> list[Pair]:
-    """Hand-written (2026-12-07), evaluation only, never looked at before it was first scored:
-    12 near misses of each kind issue 15 names (direction, negation, code operators, dates,
-    units) and of antonyms (enable/disable, male/female, hyper/hypo), and 44 rewordings of the
-    same questions, some in the forms that used to be refused ("in the absence of", "2-step",
-    "tbsp", "30°C to °F?", "Tylenol" for acetaminophen). Pairs with a sentence that a training
-    file also holds are left out."""
-    return _never_trained(load_tsv("kinds_probe.tsv", "kinds_probe", split="holdout"))
-
-
-def load_kinds_probe_2() -> list[Pair]:
-    """Hand-written (2026-12-07, a second round, after the first probe was spent), evaluation
-    only, never looked at before it was first scored: 12 near misses of each kind issue 15
-    names (direction, negation, code operators, dates, units), in other words and topics than
-    `kinds_probe.tsv`, and 40 rewordings, some symmetric ("the distance between A and B" for
-    "from B to A") or in other notations ("30 cm", "Dec 21", "300 K"). Pairs with a sentence
-    that a training file also holds are left out."""
-    return _never_trained(load_tsv("kinds_probe_2.tsv", "kinds_probe_2", split="holdout"))
-
-
-def load_kinds_probe_3() -> list[Pair]:
-    """Hand-written (2026-12-07, a third round), evaluation only, never looked at before it was
-    first scored: near misses of kinds the first two did not probe (tense, quantities,
-    comparatives and superlatives, quantifiers, audience, place or model, modality) and 35
-    rewordings, one a converse ("longer than" / "shorter than" with the two exchanged). Pairs
-    with a sentence that a training file also holds are left out."""
-    return _never_trained(load_tsv("kinds_probe_3.tsv", "kinds_probe_3", split="holdout"))
-
-
-def load_kinds_probe_4() -> list[Pair]:
-    """Hand-written (2026-12-07, a fourth round), evaluation only, never looked at before it was
-    first scored: near misses by a particle or preposition ("zoom in" / "zoom out", "for" /
-    "against"), an ordinal, the question word, who does what to whom ("if he likes me" / "if I
-    like him"), "both" / "either", "only" and "still", degree, part, material and state, and 29
-    rewordings. Pairs with a sentence that a training file also holds are left out."""
-    return _never_trained(load_tsv("kinds_probe_4.tsv", "kinds_probe_4", split="holdout"))
-
-
-def load_kinds_probe_5() -> list[Pair]:
-    """Hand-written (2026-12-07, a fifth round), evaluation only, never looked at before it was
-    first scored: 40 questions in the style of a Q&A forum, each against another forum question
-    sharing its frame (another object, aspect, person or time: "How do I get over my ex?" / "How
-    do I get back together with my ex?"), and 30 rewordings. Pairs with a sentence that a
-    training file also holds are left out."""
-    return _never_trained(load_tsv("kinds_probe_5.tsv", "kinds_probe_5", split="holdout"))
-
-
-def load_kinds_probe_6() -> list[Pair]:
-    """Hand-written (2026-12-07, a sixth round), evaluation only, never looked at before it was
-    first scored: near misses of the kinds issue 15 names in forms the other probes did not use
-    ("EUR -> USD", "excluding" / "including", `x[1:]` / `x[:1]`, "2 weeks ago" / "from now",
-    "psi" / "bar", "per hour" / "per day"), and 27 rewordings. Pairs with a sentence that a
-    training file also holds are left out."""
-    return _never_trained(load_tsv("kinds_probe_6.tsv", "kinds_probe_6", split="holdout"))
-
-
-def load_kinds_probe_7() -> list[Pair]:
-    """Hand-written (2026-12-07, a seventh round), evaluation only, never looked at before it was
-    first scored: 8 near misses of each kind issue 15 names, in topics and forms the other probes
-    did not use ("A depends on B" / "B depends on A", "no longer", "refuse to", `is None` / `is
-    not None`, push / pop, "100 BC" / "100 AD", "within 30 days" / "after", watts / volts,
-    "per capita" / "total"), and 25 rewordings. Pairs with a sentence that a training file also
-    holds are left out."""
-    return _never_trained(load_tsv("kinds_probe_7.tsv", "kinds_probe_7", split="holdout"))
-
-
-def load_kinds_probe_8() -> list[Pair]:
-    """Hand-written (2026-12-07, an eighth round), evaluation only, never looked at before it was
-    first scored: 8 near misses of each kind issue 15 names, in topics and forms the other
-    probes did not use ("south to north" / "north to south", "illegal" / "legal", `*p++` /
-    `(*p)++`, `3 / 2` / `3 // 2`, "Christmas Eve" / "New Year's Eve", "the 3rd" / "the 30th",
-    "satoshis in a bitcoin" / "bitcoins in a satoshi"), and 21 rewordings. Pairs with a
-    sentence that a training file also holds are left out."""
-    return _never_trained(load_tsv("kinds_probe_8.tsv", "kinds_probe_8", split="holdout"))
-
-
-def load_kinds_probe_9() -> list[Pair]:
-    """Hand-written (2026-12-07, a ninth round), evaluation only, never looked at before it was
-    first scored: 20 requests to a chat model against another request in the same frame (other
-    form, length, language, tone, audience or task: "Write a haiku" / "a limerick", "in 3
-    bullet points" / "in 5"), and 16 rewordings. Pairs with a sentence that a training file
-    also holds are left out."""
-    return _never_trained(load_tsv("kinds_probe_9.tsv", "kinds_probe_9", split="holdout"))
-
-
-def load_kinds_probe_10() -> list[Pair]:
-    """Hand-written (2026-12-07, a tenth round), evaluation only, never looked at before it was
-    first scored: 8 near misses of each kind issue 15 names, in topics and forms the other
-    probes did not use ("Can a Mac read an NTFS drive?" / "Can an NTFS drive read a Mac?", "no
-    symptoms", `a ?? b` / `a || b`, "9/11/2001" / "11/9/1989", "go back" / "go forward",
-    "pounds" / "ounces" of turkey), and 18 rewordings. Pairs with a sentence that a training
-    file also holds are left out."""
-    return _never_trained(load_tsv("kinds_probe_10.tsv", "kinds_probe_10", split="holdout"))
-
-
-def load_kinds_probe_11() -> list[Pair]:
-    """Hand-written (2026-12-07, an eleventh round, after every rule of that day), evaluation
-    only, never looked at before it was first scored: 8 near misses of each kind issue 15 names
-    ("stdout to stderr" / "stderr to stdout", "without rennet" / "with rennet", `LIMIT 10 OFFSET
-    20` / `LIMIT 20 OFFSET 10`, "the day after Christmas" / "before", "nautical" / "statute"
-    mile), and 20 rewordings. Pairs with a sentence that a training file also holds are left
-    out."""
-    return _never_trained(load_tsv("kinds_probe_11.tsv", "kinds_probe_11", split="holdout"))
+def load_probe(name: str) -> list[Pair]:
+    """One of PROBES, every pair in the holdout split."""
+    return _never_trained(load_tsv(name, name.removesuffix(".tsv"), split="holdout"))
 
 
 def load_near_misses() -> list[Pair]:

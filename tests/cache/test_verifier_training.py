@@ -155,8 +155,8 @@ def test_the_unseen_set_is_evaluation_only_and_shares_nothing_with_training() ->
 
     assert "load_unseen" not in inspect.getsource(tv)
     assert "load_order_probe" not in inspect.getsource(tv)
-    assert "load_forum_probe" not in inspect.getsource(tv)
-    assert "load_kinds_probe" not in inspect.getsource(tv)  # and load_kinds_probe_2
+    assert "load_probe" not in inspect.getsource(tv)
+    assert "PROBES" not in inspect.getsource(tv)
     from loadtests.verifier_data import augment
 
     assert "order_probe" not in inspect.getsource(augment)
