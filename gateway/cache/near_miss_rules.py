@@ -16,6 +16,7 @@ quality").
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import lru_cache
 
 from gateway.cache.pair_features import (
@@ -363,23 +364,22 @@ def _bits_bytes(q: _Text, c: _Text) -> bool:
     )
 
 
+#: The rules by name, in the order they are tried.
+RULES: tuple[tuple[str, Callable[[_Text, _Text], bool]], ...] = (
+    ("modifier", _adds_modifier),
+    ("contrast", _contrast),
+    ("exchange", _exchanged),
+    ("operator", _operators_moved),
+    ("tense", _tense_changed),
+    ("unit", _bits_bytes),
+)
+
+
 def near_miss(query: str, candidate: str) -> str | None:
-    """The rule that refuses `candidate` as an answer to `query` whatever the trees say
-    ("modifier", "contrast", "exchange", "operator", "tense", "unit"), or None."""
+    """The name of the first rule that refuses `candidate` as an answer to `query` whatever the
+    trees say, or None."""
     q, c = _text(query), _text(candidate)
-    if _adds_modifier(q, c):
-        return "modifier"
-    if _contrast(q, c):
-        return "contrast"
-    if _exchanged(q, c):
-        return "exchange"
-    if _operators_moved(q, c):
-        return "operator"
-    if _tense_changed(q, c):
-        return "tense"
-    if _bits_bytes(q, c):
-        return "unit"
-    return None
+    return next((name for name, rule in RULES if rule(q, c)), None)
 
 
 _SPACING = re.compile(r"[\s?!.,;:]+")
