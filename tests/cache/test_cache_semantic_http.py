@@ -78,10 +78,7 @@ def test_names_exchanged_and_operators_moved_are_other_questions(gw) -> None:
         ("Can I move my photos from Google Drive to Dropbox?",
          "Can I move my photos from Dropbox to Google Drive?"),
     ]:  # fmt: skip
-        ask(gw, cached)
-        stored = eventually_hit(gw, cached)  # asked again it is served: it is stored
-        assert stored.headers["x-gateway-cache"] == "hit-semantic"
-        assert ask(gw, other).headers["x-gateway-cache"] != "hit-semantic", other
+        assert_stored_and_other_refused(gw, cached, other)
 
 
 def test_other_quantifier_tense_person_and_unit_case_are_other_questions(gw) -> None:
@@ -94,10 +91,15 @@ def test_other_quantifier_tense_person_and_unit_case_are_other_questions(gw) -> 
         ("Can I lend money to my brother?", "Can my brother lend money to me?"),
         ("Is 50 Mbps enough for video calls?", "Is 50 MBps enough for video calls?"),
     ]:
-        ask(gw, cached)
-        stored = eventually_hit(gw, cached)
-        assert stored.headers["x-gateway-cache"] == "hit-semantic"
-        assert ask(gw, other).headers["x-gateway-cache"] != "hit-semantic", other
+        assert_stored_and_other_refused(gw, cached, other)
+
+
+def assert_stored_and_other_refused(gw, cached: str, other: str) -> None:
+    """`cached` is stored (asked again it is a semantic hit), `other` is not served from it."""
+    ask(gw, cached)
+    stored = eventually_hit(gw, cached)
+    assert stored.headers["x-gateway-cache"] == "hit-semantic"
+    assert ask(gw, other).headers["x-gateway-cache"] != "hit-semantic", other
 
 
 def test_other_conversation_and_other_tenant_do_not_hit(gw) -> None:
