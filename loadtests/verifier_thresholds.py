@@ -1,6 +1,6 @@
 """What `semantic_cache.verifier_threshold` trades, on the verifier's tune split.
 
-    python -m loadtests.verifier_thresholds [--cosine-cache /tmp/cos.json] [--thresholds 0.6,0.71,0.8]
+    python -m loadtests.verifier_thresholds [--cosine-cache /tmp/cos.json] [--thresholds 0.6,0.72,0.8]
 
 For each threshold, with the shipped model (`gateway/cache/verifier_model.json`) as the gateway
 runs it (identical texts served, the near-miss rules applied): the tune split's chat pairs in one
@@ -44,7 +44,9 @@ class _Shipped:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cosine-cache", default="", help="JSON file memoising pair cosines")
-    ap.add_argument("--thresholds", default="0.6,0.66,0.71,0.8,0.85,0.9")
+    ap.add_argument(
+        "--thresholds", default="", help="comma-separated; default: 0.6-0.9 and the model's own"
+    )
     args = ap.parse_args()
     tune = [p for p in load_paws() + load_chat() + load_written() if p.split == "tune"]
     chat = [p for p in tune if p.source != "paws"]
@@ -52,16 +54,20 @@ def main() -> None:
     cache = Path(args.cosine_cache) if args.cosine_cache else None
     asyncio.run(embed_cosines(paws, cache=cache))
     paws = [p for p in paws if p.cosine >= RETRIEVAL_FLOOR]  # below it: never a candidate
-    prob = model_probability(_Shipped())
+    shipped = _Shipped()
+    prob = model_probability(shipped)
     shared = SharedTune(chat, embed_texts([t for p in chat for t in (p.s1, p.s2)]))
     pp = np.array([prob(p.s2, p.s1, p.cosine) for p in paws])
     yp = np.array([p.label for p in paws])
     print("| `verifier_threshold` | paraphrases served | near misses served | PAWS: hits / false |")
     print("|---|---|---|---|")
-    for t in (float(x) for x in args.thresholds.split(",")):
+    own = shipped.verifier.threshold
+    wanted = args.thresholds.split(",") if args.thresholds else [0.6, 0.66, own, 0.8, 0.85, 0.9]
+    for t in sorted({round(float(x), 2) for x in wanted}):
         r = shared.at(t, pt_of=prob)
+        name = f"{t:.2f} (the model's own, the default)" if t == round(own, 2) else f"{t:.2f}"
         print(
-            f"| {t:.2f} | {r['right']:.1%} | {r['near_misses_served']:.1%} | "
+            f"| {name} | {r['right']:.1%} | {r['near_misses_served']:.1%} | "
             f"{hit_rate(pp, yp, t):.1%} / {false_rate(pp, yp, t):.1%} |"
         )
 
