@@ -250,3 +250,27 @@ def test_the_threshold_table_runs() -> None:
     out = done.stdout
     rows = [line for line in out.splitlines() if line.startswith("| 0.")]
     assert [r.split(" | ")[0] for r in rows] == ["| 0.70", "| 0.90"]
+
+
+def test_the_http_quality_run_matches_the_offline_protocol() -> None:
+    """`python -m loadtests.semantic_http_quality` (GPTCache's protocol through a real gateway
+    process and the `openai` client) serves what the offline computation of the same protocol
+    says, give or take the stores of missed questions the offline one does not make."""
+    import re
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "loadtests.semantic_http_quality", "--sets", "chat"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("| chat |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    right, wrong, miss = map(int, re.findall(r"\d+", cells[2]))
+    offline_right, offline_wrong = map(int, re.findall(r"\d+", cells[4]))
+    assert right + wrong + miss == 74  # every paraphrase asked once
+    assert abs(right - offline_right) <= 4 and wrong <= offline_wrong + 3
+    assert right >= 40  # the cache serves through HTTP at all
