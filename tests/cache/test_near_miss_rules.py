@@ -5,7 +5,8 @@ April 15" / "after April 15", during against after); two words exchanged (roles,
 from/to, a person and another: "I ... my boss" / "my boss ... me"); the same words with other
 operators, operators written on the other side (`i++` / `++i`) or grouped by other brackets
 (`*p++` / `(*p)++`); the same words in the past and
-in the future; a size in bits against one in bytes ("Mbps" / "MBps": the model is uncased). Each
+in the future; a size in bits against one in bytes ("Mbps" / "MBps": the model is uncased); one
+end of "from X to Y" replaced by another name ("from Madrid to Osaka" / "from Barcelona"). Each
 is another question whatever the trees say; rewordings, polite preambles, emphasis, statements,
 coordinated or listed names in another order, symmetric relations ("compare X with Y"), phrases
 moved and operator spacing are not refused. Checked on pairs written for this file, and through
@@ -92,6 +93,15 @@ UNIT = [
     ("Can a 4 Gb chip hold a 1 GB file?", "Can a 4 GB chip hold a 1 GB file?"),
     ("How long to copy 10 GB at 40 Mb/s?", "How long to copy 10 GB at 40 MB/s?"),
 ]
+ENDPOINT = [
+    ("How long is the flight from Madrid to Osaka?",
+     "How many hours does it take to fly from Barcelona to Osaka?"),
+    ("Is there a train from Lyon to Paris?", "Can I take a train from Berlin to Paris?"),
+    ("What's the cheapest way to get from Heathrow to Oxford?",
+     "Cheapest way from Heathrow to Cambridge?"),
+    ("Translate this email into French for my boss",
+     "Can you translate this email into German for my boss?"),
+]  # fmt: skip
 SAME = [
     ("Should I learn Python or Rust first?", "Should I learn Rust or Python first?"),
     ("Compare Postgres with MySQL for analytics", "Compare MySQL with Postgres for analytics"),
@@ -133,6 +143,11 @@ SAME = [
     ("How do I tell my boss I'm quitting?", "How do I let my boss know I'm quitting?"),
     ("Should I tell her I like her?", "Should I let her know that I like her?"),
     ("Why does my dog follow me everywhere?", "Why is my dog following me everywhere?"),
+    ("How long is the flight from NYC to Boston?", "Flight time from New York to Boston?"),
+    ("How long is the flight from Madrid to Osaka?", "how long is the flight from madrid to Osaka"),
+    ("How do I get from home to work faster?", "How can I get from my house to work faster?"),
+    ("What's the cheapest way to get from Kuala Lumpur to Singapore?",
+     "KL to Singapore on the cheap, what are my options?"),
     # statements add an apposition and mean the same (PAWS-style sentences)
     ("The bridge was built in 1890 by engineers from Glasgow.",
      "The bridge was built in 1890 by engineers from Glasgow, Scotland."),
@@ -142,7 +157,7 @@ SAME = [
 #: Each rule with the pairs it must refuse: a modifier added or dropped, another member of a
 #: kind, two words exchanged, operators changed or moved.
 RULES = {"modifier": MODIFIER, "contrast": CONTRAST, "exchange": EXCHANGE, "operator": OPERATOR,
-         "tense": TENSE, "unit": UNIT}  # fmt: skip
+         "tense": TENSE, "unit": UNIT, "endpoint": ENDPOINT}  # fmt: skip
 
 
 @pytest.mark.parametrize(
