@@ -235,19 +235,21 @@ def test_negation_said_with_a_verb_counts_as_negation() -> None:
     assert [features(a, b, 0.9)[at] for a, b in other] == [1.0] * len(other)
 
 
-def test_the_threshold_table_runs() -> None:
-    """`python -m loadtests.verifier_thresholds` (the README's table) prints a row per threshold."""
+def _run_module(*argv: str) -> str:
+    """What `python -m argv...` prints, asserting it succeeded."""
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "loadtests.verifier_thresholds", "--thresholds", "0.7,0.9"],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, "-m", *argv], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    return done.stdout
+
+
+def test_the_threshold_table_runs() -> None:
+    """`python -m loadtests.verifier_thresholds` (the README's table) prints a row per threshold."""
+    out = _run_module("loadtests.verifier_thresholds", "--thresholds", "0.7,0.9")
     rows = [line for line in out.splitlines() if line.startswith("| 0.")]
     assert [r.split(" | ")[0] for r in rows] == ["| 0.70", "| 0.90"]
 
@@ -257,17 +259,9 @@ def test_the_http_quality_run_matches_the_offline_protocol() -> None:
     process and the `openai` client) serves what the offline computation of the same protocol
     says, give or take the stores of missed questions the offline one does not make."""
     import re
-    import subprocess
-    import sys
 
-    done = subprocess.run(
-        [sys.executable, "-m", "loadtests.semantic_http_quality", "--sets", "chat"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    row = next(line for line in done.stdout.splitlines() if line.startswith("| chat |"))
+    out = _run_module("loadtests.semantic_http_quality", "--sets", "chat")
+    row = next(line for line in out.splitlines() if line.startswith("| chat |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     right, wrong, miss = map(int, re.findall(r"\d+", cells[2]))
     offline_right, offline_wrong = map(int, re.findall(r"\d+", cells[4]))
