@@ -50,15 +50,12 @@ SETS = {
 
 def offline(pairs: list[Pair]) -> dict[str, int]:
     """The same protocol computed from the shipped model, as `semantic_quality` does."""
-    from gateway.cache.verifier import default_verifier
     from loadtests.train_verifier import SharedTune, embed_texts, model_probability
-    from loadtests.verifier_thresholds import _Shipped
+    from loadtests.verifier_thresholds import Shipped
 
-    shipped = _Shipped()
+    shipped = Shipped()
     vectors = embed_texts([t for p in pairs for t in (p.s1, p.s2)])
-    r = SharedTune(pairs, vectors).at(
-        default_verifier().threshold, pt_of=model_probability(shipped)
-    )
+    r = SharedTune(pairs, vectors).at(shipped.verifier.threshold, pt_of=model_probability(shipped))
     pos = sum(p.label for p in pairs)
     return {
         "right": round(r["right"] * pos),

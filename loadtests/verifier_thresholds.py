@@ -30,7 +30,7 @@ from loadtests.train_verifier import (
 from loadtests.verifier_data import load_chat, load_paws, load_written
 
 
-class _Shipped:
+class Shipped:
     """The shipped model behind the trainer's `predict_proba` interface."""
 
     def __init__(self) -> None:
@@ -54,7 +54,7 @@ def main() -> None:
     cache = Path(args.cosine_cache) if args.cosine_cache else None
     asyncio.run(embed_cosines(paws, cache=cache))
     paws = [p for p in paws if p.cosine >= RETRIEVAL_FLOOR]  # below it: never a candidate
-    shipped = _Shipped()
+    shipped = Shipped()
     prob = model_probability(shipped)
     shared = SharedTune(chat, embed_texts([t for p in chat for t in (p.s1, p.s2)]))
     pp = np.array([prob(p.s2, p.s1, p.cosine) for p in paws])

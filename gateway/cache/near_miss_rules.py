@@ -8,8 +8,9 @@ Brazil beat Germany" / "did Germany beat Brazil", "what should I say to my boss"
 my boss say to me"), operators changed, moved or grouped otherwise (`i++` / `++i`, `*p++` /
 `(*p)++`), the same words in the past and in the future, a size in bits against one in
 bytes ("Mbps" / "MBps": the model is uncased), and one end of a "from X to Y" replaced by
-another name ("from Madrid to Osaka" / "from Barcelona to Osaka"). Each was found by a hand-written probe
-(`loadtests/data/kinds_probe*.tsv`) and kept only where, on every train and tune pair, it
+another name ("from Madrid to Osaka" / "from Barcelona to Osaka"). Each was found by a
+hand-written probe (`loadtests/data/kinds_probe*.tsv`) or the HTTP quality run
+(`loadtests.semantic_http_quality`) and kept only where, on every train and tune pair, it
 refused negatives and (almost) no paraphrase; the counts are in BENCHMARKS.md ("Semantic cache
 quality").
 """
