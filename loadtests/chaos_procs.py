@@ -9,13 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from loadtests.processes import free_port
 
 
 class RedisServer:

@@ -27,7 +27,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,18 +37,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from loadtests.processes import free_port
 from loadtests.simulator.testing import Fleet, spawn_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = Path(__file__).with_name("overhead.yaml")
 MODEL = "default"
 BENCH_KEY = f"sk-overhead-{uuid.uuid4().hex}"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:

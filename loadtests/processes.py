@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -17,11 +18,30 @@ from pathlib import Path
 
 import httpx
 
+#: Below the kernel's ephemeral range (32768-60999 on Linux), above Redis Cluster's 7000s and
+#: their 17000s bus ports.
+_PORTS = (20000, 32000)
+
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free on 127.0.0.1 now, for a server started next.
+
+    Not bind(0)'s: that port is ephemeral, and until the server binds it any outgoing
+    connection of another test worker may take it as its local port (a gateway started with
+    two workers then exited at once, uvicorn's "address in use"). A random port below the
+    ephemeral range is taken only by another server that chose the same one.
+    """
+    for _ in range(100):
+        port = random.randint(*_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the range is full: the kernel's pick
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -8,7 +8,6 @@ import contextlib
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from loadtests.bench.engine import open_loop
 from loadtests.bench.prompts import chat_body, make_prompt
 from loadtests.bench.schedule import poisson_times
 from loadtests.bench.stats import percentile_sorted
+from loadtests.processes import free_port
 from loadtests.simulator.profiles import load_fleet_file
 from loadtests.simulator.testing import Fleet, spawn_fleet
 
@@ -105,12 +105,6 @@ def prefix_workload(
 
 
 # -- processes --------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

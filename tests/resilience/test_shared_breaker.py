@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 import uuid
 
@@ -14,15 +13,10 @@ import pytest
 from gateway.resilience.breaker import BreakerEvent, BreakerRegistry, BreakerSettings, BreakerState
 from gateway.resilience.failures import FailureKind
 from gateway.resilience.shared_breakers import SharedBreakers
+from loadtests.processes import free_port
 
 REDIS_URL = "redis://127.0.0.1:6379/3"
 SETTINGS = BreakerSettings(consecutive_failures=3, cooldown_s=30, max_cooldown_s=60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def replica(url: str, channel: str, rid: str) -> tuple[BreakerRegistry, SharedBreakers]:
