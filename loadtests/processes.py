@@ -21,6 +21,7 @@ import httpx
 #: Below the kernel's ephemeral range (32768-60999 on Linux), above Redis Cluster's 7000s and
 #: their 17000s bus ports.
 _PORTS = (20000, 32000)
+_RNG = random.Random()  # its own, seeded per process: a test seeding `random` leaves it alone
 
 
 def free_port() -> int:
@@ -32,7 +33,7 @@ def free_port() -> int:
     ephemeral range is taken only by another server that chose the same one.
     """
     for _ in range(100):
-        port = random.randint(*_PORTS)
+        port = _RNG.randint(*_PORTS)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
