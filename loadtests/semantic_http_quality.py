@@ -128,18 +128,23 @@ def through_http(pairs: list[Pair], gw: str) -> dict[str, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sets", default="unseen,written,chat")
+    ap.add_argument("--sets", default="unseen,written,chat", help=", ".join(SETS))
     args = ap.parse_args()
+    names = args.sets.split(",")
+    if unknown := [n for n in names if n not in SETS]:
+        ap.error(f"unknown set {unknown[0]!r}; sets: {', '.join(SETS)}")
     print("| set | pairs (paraphrases / other) | HTTP: right / wrong / miss | HTTP: near misses "
           "served (another question's answer) | offline: right / wrong | offline: near misses "
           "served | first questions served from the cache (wrong) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
-    with spawn_fleet([{"name": "zero", "profile": "zero-latency"}]) as fleet:
-        for name in args.sets.split(","):
+    with (
+        spawn_fleet([{"name": "zero", "profile": "zero-latency"}]) as fleet,
+        tempfile.TemporaryDirectory(prefix="sem-http-quality-") as folder,
+    ):
+        for name in names:
             pairs = SETS[name]()
             pos = sum(p.label for p in pairs)
-            folder = Path(tempfile.mkdtemp(prefix="sem-http-quality-"))
-            policy = folder / "policy.yaml"
+            policy = Path(folder) / f"policy-{name}.yaml"
             policy.write_text(POLICY.format(url=fleet.url("zero")), encoding="utf-8")
             # A fresh gateway per set: one namespace each, nothing left from another set.
             with gateway_process(policy, env={"GATEWAY_ACCESS_LOG": "0"}) as gw:
