@@ -319,6 +319,9 @@ class ClosingUpstream:
 
         with contextlib.suppress(Exception):
             await self._read_request(reader)
+            # counted before it is sent: the client may read the answer (and the test the
+            # count) before this loop's thread runs again after `drain`
+            self.answered += 1
             writer.write(
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
                 + str(len(self.ANSWER)).encode()
@@ -326,7 +329,6 @@ class ClosingUpstream:
                 + self.ANSWER
             )
             await writer.drain()
-            self.answered += 1
             await self._read_request(reader)
             self.closed_unanswered += 1
         writer.close()
