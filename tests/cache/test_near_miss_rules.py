@@ -6,10 +6,11 @@ from/to, a person and another: "I ... my boss" / "my boss ... me"); the same wor
 operators, operators written on the other side (`i++` / `++i`) or grouped by other brackets
 (`*p++` / `(*p)++`); the same words in the past and
 in the future; a size in bits against one in bytes ("Mbps" / "MBps": the model is uncased); one
-end of "from X to Y" replaced by another name ("from Madrid to Osaka" / "from Barcelona"). Each
+end of "from X to Y" replaced by another name ("from Madrid to Osaka" / "from Barcelona"); one
+number replaced by another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"). Each
 is another question whatever the trees say; rewordings, polite preambles, emphasis, statements,
 coordinated or listed names in another order, symmetric relations ("compare X with Y"), phrases
-moved and operator spacing are not refused. Checked on pairs written for this file, and through
+moved, operator spacing and a number spelled or converted otherwise are not refused. Checked on pairs written for this file, and through
 the real `SemanticCache`."""
 
 from __future__ import annotations
@@ -102,7 +103,27 @@ ENDPOINT = [
     ("Translate this email into French for my boss",
      "Can you translate this email into German for my boss?"),
 ]  # fmt: skip
+NUMBER = [
+    ("How do I fix a game that crashes on startup on Windows 7?",
+     "A game keeps crashing as soon as I launch it on my Windows 11 PC. How can I fix this?"),
+    ("Best microphone for recording acoustic guitar under $100?",
+     "Could you recommend a microphone under 200 dollars for recording acoustic guitar?"),
+    ("Is distutils still available in Python 3.12?", "Can I still use distutils in Python 3.11?"),
+    ("Is the PS5 Pro worth buying?", "Should I buy a PS4 Pro?"),
+    ("What's a good 5k time for a beginner?", "For a novice, what counts as a good 10k time?"),
+    ("How many chickens fit in a 4x8 coop?", "How many hens can I keep in a 10x12 coop?"),
+    ("Can I print with a 0.2mm layer height?", "Is a 0.08mm layer height printable?"),
+]  # fmt: skip
 SAME = [
+    # numbers: the same number spelled otherwise, or converted (another unit after it)
+    ("Is 1,000 words enough for an essay?", "Is a 1000-word essay long enough?"),
+    ("What was life like in a 1950s house?", "What was life like in a 50s-era house?"),
+    ("How many minutes are in 2 hours?", "How many minutes is 120 minutes in hours?"),
+    ("A bus leaves at 7:50 and rides 1 hour 25 minutes; when does it arrive?",
+     "A bus departs at 7:50 and the trip lasts 85 minutes; what's the arrival time?"),
+    ("What time is 2:30 pm Eastern in Pacific time?",
+     "If it's 14:30 ET, what time is it on the West Coast?"),
+    ("Is a microphone under $100 good enough?", "Is a microphone under a hundred dollars good enough?"),
     ("Should I learn Python or Rust first?", "Should I learn Rust or Python first?"),
     ("Compare Postgres with MySQL for analytics", "Compare MySQL with Postgres for analytics"),
     ("How far is Lyon from Geneva?", "How far is Geneva from Lyon?"),
@@ -157,7 +178,8 @@ SAME = [
 #: Each rule with the pairs it must refuse: a modifier added or dropped, another member of a
 #: kind, two words exchanged, operators changed or moved.
 RULES = {"modifier": MODIFIER, "contrast": CONTRAST, "exchange": EXCHANGE, "operator": OPERATOR,
-         "tense": TENSE, "unit": UNIT, "endpoint": ENDPOINT}  # fmt: skip
+         "tense": TENSE, "unit": UNIT, "endpoint": ENDPOINT,
+         "number": NUMBER}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -177,7 +199,7 @@ def test_rewordings_and_additions_that_narrow_nothing_pass(cached: str, asked: s
 
 def test_the_verifier_refuses_them_at_any_cosine() -> None:
     v = default_verifier()
-    for cached, asked in MODIFIER + CONTRAST + EXCHANGE + OPERATOR + TENSE + UNIT:
+    for cached, asked in MODIFIER + CONTRAST + EXCHANGE + OPERATOR + TENSE + UNIT + NUMBER:
         assert v.probabilities(asked, [(cached, 0.99), (asked, 0.5)]) == [0.0, 1.0]
     # a case-only difference is the same text, but for a unit in bits against one in bytes
     assert v.probabilities("IS 50 MBPS ENOUGH?", [("is 50 mbps enough?", 1.0)]) == [1.0]
