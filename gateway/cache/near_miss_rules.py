@@ -9,7 +9,9 @@ my boss say to me"), operators changed, moved or grouped otherwise (`i++` / `++i
 `(*p)++`), the same words in the past and in the future, a size in bits against one in
 bytes ("Mbps" / "MBps": the model is uncased), one end of a "from X to Y" replaced by
 another name ("from Madrid to Osaka" / "from Barcelona to Osaka"), and a number replaced by
-another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"). Each was found by a
+another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"), and the two sides of
+a comparison exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for
+you than rice?"). Each was found by a
 hand-written probe (`loadtests/data/kinds_probe*.tsv`), the HTTP quality run
 (`loadtests.semantic_http_quality`) or the nearest other questions the verifier served on the
 tune split (`loadtests.near_miss_report`), and kept only where, on every train and tune pair, it
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from gateway.cache.pair_features import (
+    _ANTONYMS,
     _CONJ,
     _ORDER_WORDS,
     _STOP,
@@ -447,6 +450,62 @@ def _number_replaced(q: _Text, c: _Text) -> bool:
     return any(ch.isalpha() for ch in shape_x) or _same_slot(qt, i, ct, j)
 
 
+#: Comparisons that say the same from the other side ("longer" / "shorter", "more expensive" /
+#: "cheaper"), beside the antonyms the features know.
+_CONVERSE_PAIRS = [
+    ("bigger", "smaller"), ("larger", "smaller"), ("longer", "shorter"), ("taller", "shorter"),
+    ("higher", "lower"), ("older", "younger"), ("heavier", "lighter"), ("faster", "slower"),
+    ("quicker", "slower"), ("cheaper", "pricier"), ("cheaper", "expensive"),
+    ("cheaper", "costlier"), ("better", "worse"), ("stronger", "weaker"), ("richer", "poorer"),
+    ("wider", "narrower"), ("thicker", "thinner"), ("hotter", "colder"), ("warmer", "cooler"),
+    ("warmer", "colder"), ("earlier", "later"), ("closer", "farther"), ("closer", "further"),
+    ("nearer", "farther"), ("easier", "harder"), ("easier", "difficult"), ("safer", "riskier"),
+    ("safer", "dangerous"), ("more", "less"), ("more", "fewer"), ("greater", "less"),
+    ("greater", "smaller"), ("deeper", "shallower"), ("louder", "quieter"),
+    ("brighter", "darker"), ("healthier", "unhealthy"), ("superior", "inferior"),
+    ("outperform", "underperform"), ("beat", "lose"),
+]  # fmt: skip
+_CONVERSE: dict[str, set[str]] = {}
+for _a, _b in _CONVERSE_PAIRS:
+    _CONVERSE.setdefault(_a, set()).add(_b)
+    _CONVERSE.setdefault(_b, set()).add(_a)
+
+
+def _than_sides(t: _Text) -> tuple[str, set[str]] | None:
+    """For a text with one "than": the first content word after it (what is compared
+    against) and the content words before it (stems)."""
+    words = t.words
+    if words.count("than") != 1:
+        return None
+    i = words.index("than")
+    after = [_stem(w) for w in words[i + 1 :] if w not in _STOP]
+    before = {_stem(w) for w in words[:i] if w not in _STOP}
+    return (after[0], before) if after and before else None
+
+
+def _comparison_reversed(q: _Text, c: _Text) -> bool:
+    """True when what one text compares against is what the other compares, and the other
+    way round: "Is rice healthier than pasta?" / "Is pasta better for you than rice?". Left to
+    the trees: the comparison turned with an opposite word ("longer" / "shorter", "more
+    expensive" / "cheaper": the same question asked from the other side), but not with an
+    opposite and a "less" ("cheaper" / "less expensive" is the same side again)."""
+    qs, cs = _than_sides(q), _than_sides(c)
+    if qs is None or cs is None:
+        return False
+    (q_against, q_before), (c_against, c_before) = qs, cs
+    if q_against == c_against or q_against not in c_before or c_against not in q_before:
+        return False
+    only_q, only_c = set(q.words) - set(c.words), set(c.words) - set(q.words)
+    opposite = {
+        (w, x) for w in only_q for x in (_ANTONYMS.get(w, set()) | _CONVERSE.get(w, set())) & only_c
+    }
+    if not opposite:
+        return True
+    # "cheaper" / "less expensive" turn twice: the same side of the comparison, exchanged
+    used = {w for pair in opposite for w in pair}
+    return any(w in ("less", "fewer") and w not in used for w in only_q | only_c)
+
+
 #: The rules by name, in the order they are tried.
 RULES: tuple[tuple[str, Callable[[_Text, _Text], bool]], ...] = (
     ("modifier", _adds_modifier),
@@ -457,6 +516,7 @@ RULES: tuple[tuple[str, Callable[[_Text, _Text], bool]], ...] = (
     ("unit", _bits_bytes),
     ("endpoint", _endpoint_replaced),
     ("number", _number_replaced),
+    ("comparison", _comparison_reversed),
 )
 
 

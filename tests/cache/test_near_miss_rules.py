@@ -1,16 +1,18 @@
 """The verifier's near-miss rules (`near_miss_rules.near_miss`): a question plus a modifier;
 another member of one kind (colour, season, sex, time of day, weekday, month, level, quantifier
 "all" / "most", a time relative to now "last year" / "this year", a deadline against a start "by
-April 15" / "after April 15", during against after); two words exchanged (roles,
-from/to, a person and another: "I ... my boss" / "my boss ... me"); the same words with other
-operators, operators written on the other side (`i++` / `++i`) or grouped by other brackets
-(`*p++` / `(*p)++`); the same words in the past and
-in the future; a size in bits against one in bytes ("Mbps" / "MBps": the model is uncased); one
-end of "from X to Y" replaced by another name ("from Madrid to Osaka" / "from Barcelona"); one
-number replaced by another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"). Each
-is another question whatever the trees say; rewordings, polite preambles, emphasis, statements,
-coordinated or listed names in another order, symmetric relations ("compare X with Y"), phrases
-moved, operator spacing and a number spelled or converted otherwise are not refused. Checked on pairs written for this file, and through
+April 15" / "after April 15", during against after); two words exchanged (roles, from/to, a
+person and another: "I ... my boss" / "my boss ... me"); the same words with other operators,
+operators written on the other side (`i++` / `++i`) or grouped by other brackets (`*p++` /
+`(*p)++`); the same words in the past and in the future; a size in bits against one in bytes
+("Mbps" / "MBps": the model is uncased); one end of "from X to Y" replaced by another name ("from
+Madrid to Osaka" / "from Barcelona"); one number replaced by another in the same place ("on
+Windows 7" / "on Windows 11", "PS4" / "PS5"); the sides of a comparison exchanged in other words
+("Is rice healthier than pasta?" / "Is pasta better for you than rice?"). Each is another
+question whatever the trees say; rewordings, polite preambles, emphasis, statements, coordinated
+or listed names in another order, symmetric relations ("compare X with Y"), phrases moved,
+operator spacing, a number spelled or converted otherwise and a comparison asked from the other
+side ("longer" / "shorter") are not refused. Checked on pairs written for this file, and through
 the real `SemanticCache`."""
 
 from __future__ import annotations
@@ -114,7 +116,20 @@ NUMBER = [
     ("How many chickens fit in a 4x8 coop?", "How many hens can I keep in a 10x12 coop?"),
     ("Can I print with a 0.2mm layer height?", "Is a 0.08mm layer height printable?"),
 ]  # fmt: skip
+COMPARISON = [
+    ("Is rice healthier than pasta?", "Is pasta better for you than rice?"),
+    ("Is Mount Everest taller than K2?", "Is K2 higher than Mount Everest?"),
+    ("Does coffee have more caffeine than tea?", "Does tea contain more caffeine than coffee?"),
+    ("Are humans more closely related to chimpanzees than to gorillas?",
+     "Are chimps closer relatives of gorillas than of humans?"),
+    ("Is Berlin cheaper to live in than Munich?", "Is Munich less expensive to live in than Berlin?"),
+]  # fmt: skip
 SAME = [
+    # a comparison asked from the other side, with an opposite word
+    ("Is a marathon longer than a half Ironman?", "Is a half Ironman shorter than a marathon?"),
+    ("Is Tokyo more expensive than Paris?", "Is Paris cheaper than Tokyo?"),
+    ("Does coffee have more caffeine than tea?", "Does tea have less caffeine than coffee?"),
+    ("Is Python faster than Java?", "Is Java slower than Python?"),
     # numbers: the same number spelled otherwise, or converted (another unit after it)
     ("Is 1,000 words enough for an essay?", "Is a 1000-word essay long enough?"),
     ("What was life like in a 1950s house?", "What was life like in a 50s-era house?"),
@@ -179,7 +194,7 @@ SAME = [
 #: kind, two words exchanged, operators changed or moved.
 RULES = {"modifier": MODIFIER, "contrast": CONTRAST, "exchange": EXCHANGE, "operator": OPERATOR,
          "tense": TENSE, "unit": UNIT, "endpoint": ENDPOINT,
-         "number": NUMBER}  # fmt: skip
+         "number": NUMBER, "comparison": COMPARISON}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -199,7 +214,9 @@ def test_rewordings_and_additions_that_narrow_nothing_pass(cached: str, asked: s
 
 def test_the_verifier_refuses_them_at_any_cosine() -> None:
     v = default_verifier()
-    for cached, asked in MODIFIER + CONTRAST + EXCHANGE + OPERATOR + TENSE + UNIT + NUMBER:
+    for cached, asked in (
+        MODIFIER + CONTRAST + EXCHANGE + OPERATOR + TENSE + UNIT + NUMBER + COMPARISON
+    ):
         assert v.probabilities(asked, [(cached, 0.99), (asked, 0.5)]) == [0.0, 1.0]
     # a case-only difference is the same text, but for a unit in bits against one in bytes
     assert v.probabilities("IS 50 MBPS ENOUGH?", [("is 50 mbps enough?", 1.0)]) == [1.0]
