@@ -54,6 +54,13 @@ _KINDS = {
                             "september", "october", "november", "december")],
     "level": [["beginner", "beginners", "novice", "novices"], ["intermediate"],
               ["advanced", "expert", "experts"]],
+    # a people, its language or its culture: "the Roman goddess of wisdom" is not the Greek
+    # one. Not here: names one may say for another ("English" / "British", "Mexican" /
+    # "Spanish", "Indian" / "Hindi", "Chinese" / "Mandarin").
+    "nationality": [[w] for w in ("french", "german", "spanish", "italian", "japanese", "korean",
+                                  "russian", "greek", "roman", "portuguese", "dutch", "swedish",
+                                  "norwegian", "danish", "polish", "turkish", "vietnamese",
+                                  "thai", "chinese")],
 }  # fmt: skip
 _MEMBER = {w: (kind, i) for kind, groups in _KINDS.items() for i, ws in enumerate(groups)
            for w in ws}  # fmt: skip

@@ -1,19 +1,19 @@
 """The verifier's near-miss rules (`near_miss_rules.near_miss`): a question plus a modifier;
-another member of one kind (colour, season, sex, time of day, weekday, month, level, quantifier
-"all" / "most", a time relative to now "last year" / "this year", a deadline against a start "by
-April 15" / "after April 15", during against after); two words exchanged (roles, from/to, a
-person and another: "I ... my boss" / "my boss ... me"); the same words with other operators,
-operators written on the other side (`i++` / `++i`) or grouped by other brackets (`*p++` /
-`(*p)++`); the same words in the past and in the future; a size in bits against one in bytes
-("Mbps" / "MBps": the model is uncased); one end of "from X to Y" replaced by another name ("from
-Madrid to Osaka" / "from Barcelona"); one number replaced by another in the same place ("on
-Windows 7" / "on Windows 11", "PS4" / "PS5"); the sides of a comparison exchanged in other words
-("Is rice healthier than pasta?" / "Is pasta better for you than rice?"). Each is another
-question whatever the trees say; rewordings, polite preambles, emphasis, statements, coordinated
-or listed names in another order, symmetric relations ("compare X with Y"), phrases moved,
-operator spacing, a number spelled or converted otherwise and a comparison asked from the other
-side ("longer" / "shorter") are not refused. Checked on pairs written for this file, and through
-the real `SemanticCache`."""
+another member of one kind (colour, season, sex, time of day, weekday, month, level,
+nationality, quantifier "all" / "most", a time relative to now "last year" / "this year", a
+deadline against a start "by April 15" / "after April 15", during against after); two words
+exchanged (roles, from/to, a person and another: "I ... my boss" / "my boss ... me"); the same
+words with other operators, operators written on the other side (`i++` / `++i`) or grouped by
+other brackets (`*p++` / `(*p)++`); the same words in the past and in the future; a size in bits
+against one in bytes ("Mbps" / "MBps": the model is uncased); one end of "from X to Y" replaced
+by another name ("from Madrid to Osaka" / "from Barcelona"); one number replaced by another in
+the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"); the sides of a comparison
+exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for you than
+rice?"). Each is another question whatever the trees say; rewordings, polite preambles,
+emphasis, statements, coordinated or listed names in another order, symmetric relations
+("compare X with Y"), phrases moved, operator spacing, a number spelled or converted otherwise
+and a comparison asked from the other side ("longer" / "shorter") are not refused. Checked on
+pairs written for this file, and through the real `SemanticCache`."""
 
 from __future__ import annotations
 
@@ -59,6 +59,9 @@ CONTRAST = [
     ("Is parking free until 6 pm?", "Is parking free after 6 pm?"),
     # during something, against before or after it
     ("What should I drink during a hike?", "What should I drink after a hike?"),
+    # a people, its language or its culture
+    ("Who was the Roman goddess of wisdom?", "Which Greek goddess was associated with wisdom?"),
+    ("Is Korean harder to learn than Japanese?", "How hard is Chinese to learn compared to Japanese?"),
 ]  # fmt: skip
 TENSE = [
     ("Did the council approve the new bike lanes?", "Will the council approve the new bike lanes?"),
@@ -102,8 +105,8 @@ ENDPOINT = [
     ("Is there a train from Lyon to Paris?", "Can I take a train from Berlin to Paris?"),
     ("What's the cheapest way to get from Heathrow to Oxford?",
      "Cheapest way from Heathrow to Cambridge?"),
-    ("Translate this email into French for my boss",
-     "Can you translate this email into German for my boss?"),
+    ("Translate this email into Hindi for my boss",
+     "Can you translate this email into Arabic for my boss?"),
 ]  # fmt: skip
 NUMBER = [
     ("How do I fix a game that crashes on startup on Windows 7?",
@@ -125,6 +128,7 @@ COMPARISON = [
     ("Is Berlin cheaper to live in than Munich?", "Is Munich less expensive to live in than Berlin?"),
 ]  # fmt: skip
 SAME = [
+    ("How do I say thank you in Japanese?", "What's the Japanese for thank you?"),
     # a comparison asked from the other side, with an opposite word
     ("Is a marathon longer than a half Ironman?", "Is a half Ironman shorter than a marathon?"),
     ("Is Tokyo more expensive than Paris?", "Is Paris cheaper than Tokyo?"),
