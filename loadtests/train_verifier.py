@@ -23,6 +23,7 @@ import numpy as np
 
 from gateway.cache.near_miss_rules import identical, near_miss
 from gateway.cache.pair_features import FEATURES, features
+from gateway.cache.semantic_settings import JUDGE_MARGIN
 from gateway.cache.verifier import MODEL_PATH
 from loadtests.verifier_data import (
     Pair,
@@ -204,7 +205,8 @@ def model_probability(model):  # type: ignore[no-untyped-def]
 class SharedTune:
     """GPTCache's protocol on a split: every first question cached in one namespace, every
     second one asked; the verifier scores the top 4 candidates at cosine >= the retrieval floor
-    and the most probable one at or above the threshold is served."""
+    and within the runtime's `judge_margin` of the closest, and the most probable one at or
+    above the threshold is served."""
 
     def __init__(self, pairs: list[Pair], vectors: dict[str, np.ndarray]) -> None:
         self.pairs = pairs
@@ -215,9 +217,8 @@ class SharedTune:
         for p in pairs:
             sims = mat @ vectors[p.s2]
             top = np.argsort(-sims)[:4]
-            self.candidates.append(
-                [(cached[i], float(sims[i])) for i in top if sims[i] >= RETRIEVAL_FLOOR]
-            )
+            floor = max(RETRIEVAL_FLOOR, float(sims[top[0]]) - JUDGE_MARGIN)
+            self.candidates.append([(cached[i], float(sims[i])) for i in top if sims[i] >= floor])
 
     def at(self, t: float, pt_of) -> dict[str, float]:  # type: ignore[no-untyped-def]
         right = wrong = served_near = 0

@@ -291,12 +291,16 @@ class SemanticCache:
     ) -> SemanticLookup | _Judged:
         """Runs under the index lock: search, then judge the candidates above the threshold.
 
-        The verifier scores every candidate and the most probable one that passes is served (in
-        a crowded namespace the closest vector is not always the same question); the guards take
-        the first candidate, by similarity, that none of them refuses.
+        The verifier scores every candidate within `judge_margin` of the closest and the most
+        probable one that passes is served (in a crowded namespace the closest vector is not
+        always the same question); the guards take the first candidate, by similarity, that
+        none of them refuses.
         """
         found = self.index.search(namespace, vector, self.settings.top_k, self._clock())
         best = found[0][0] if found else None
+        if self.verifier is not None and best is not None:
+            # far below the closest: never the one served (`judge_margin`), not worth judging
+            limit = max(limit, best - self.settings.judge_margin)
         candidates = [(sim, entry) for sim, entry in found if sim >= limit]
         if not candidates:
             return SemanticLookup("miss", similarity=best, vector=vector)

@@ -25,6 +25,10 @@ class GuardSettings(BaseModel):
     """Reject when shared entities appear in another order ("X beat Y" vs "Y beat X")."""
 
 
+#: Default of `SemanticSettings.judge_margin` (the offline protocol `SharedTune` uses it too).
+JUDGE_MARGIN = 0.10
+
+
 class SemanticSettings(BaseModel):
     """How the semantic cache matches, evicts and persists entries."""
 
@@ -52,6 +56,12 @@ class SemanticSettings(BaseModel):
     two questions that differ after that point would look identical."""
     top_k: int = Field(default=4, ge=1, le=64)
     """Candidates above the threshold tried in turn when the best one is refused."""
+    judge_margin: float = Field(default=JUDGE_MARGIN, ge=0.0, le=1.0)
+    """With the verifier: candidates whose cosine is more than this below the closest one's are
+    not judged. In a namespace of look-alike questions all four candidates pass the retrieval
+    floor, and judging them was a sixth of a hit's CPU; a rewording of the closest question's
+    own question that far below it was never the one served on the tune split (right answers
+    the same with 0.10 as with all four; BENCHMARKS.md, semantic cache speed)."""
     guards: GuardSettings = Field(default_factory=GuardSettings)
     """Used by the "guards" matcher only: with the verifier they are among its features, and a
     veto on top of it lowered hits more than false hits on every set measured."""

@@ -76,6 +76,35 @@ async def test_paraphrase_hits_and_unrelated_misses(worker: AsyncEmbedder) -> No
     assert miss.outcome == "miss" and miss.similarity is not None and miss.similarity < 0.3
 
 
+async def test_candidates_far_below_the_closest_are_not_judged(worker: AsyncEmbedder) -> None:
+    """`judge_margin`: in a crowded namespace only candidates near the closest are judged."""
+    stored = ["How do I reset my password?", "How do I change my password?",
+              "How can I recover my account?"]  # fmt: skip
+    asked = "How can I reset my password?"  # cosines ~0.99, ~0.85, ~0.68 (all above the floor)
+    judged: dict[float, list[str]] = {}
+    for margin in (1.0, 0.10):
+        cache = SemanticCache(_settings(judge_margin=margin), worker=worker)
+        for i, text in enumerate(stored):
+            await cache.store(NS, text, f"answer-{i}".encode())
+        assert cache.verifier is not None
+        seen: list[str] = []
+        real = cache.verifier.pair_probabilities
+
+        def spy(pairs, real=real, seen=seen):  # type: ignore[no-untyped-def]
+            seen.extend(c for _, c, _ in pairs)
+            return real(pairs)
+
+        cache.verifier.pair_probabilities = spy  # type: ignore[method-assign]
+        try:
+            res = await cache.lookup(NS, asked)
+        finally:
+            del cache.verifier.pair_probabilities
+        assert res.outcome == "hit" and res.hit is not None and res.hit.response == b"answer-0"
+        judged[margin] = seen
+    assert sorted(judged[1.0]) == sorted(stored)
+    assert judged[0.10] == ["How do I reset my password?"]
+
+
 NEAR_MISSES = [
     ("How many calories are in 2 eggs?", "How many calories are in 3 eggs?", "number"),
     ("Is it safe to drink coffee while pregnant?", "Is it not safe to drink coffee while pregnant?",

@@ -258,14 +258,15 @@ def test_every_candidate_is_judged_in_one_walk_of_the_trees() -> None:
     ]
 
     async def run() -> tuple[str, list[list[str]]]:
-        cache = SemanticCache(SemanticSettings(vector_memo=0))
+        # every entry a candidate: no threshold, no margin below the closest
+        cache = SemanticCache(SemanticSettings(vector_memo=0, judge_margin=1.0))
         await cache.start()
         try:
             for text in stored:
                 assert await cache.store("ns", text, text.encode(), wait_s=5)
             with trees_watched(cache) as calls:
                 asked = f"{CONTEXT} How can we make the test suite faster?"
-                found = await cache.lookup("ns", asked, threshold=-1.0)  # every entry a candidate
+                found = await cache.lookup("ns", asked, threshold=-1.0)
             assert found.hit is not None
             return found.hit.question, calls
         finally:
