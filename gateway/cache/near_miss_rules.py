@@ -11,7 +11,8 @@ bytes ("Mbps" / "MBps": the model is uncased), one end of a "from X to Y" replac
 another name ("from Madrid to Osaka" / "from Barcelona to Osaka"), and a number replaced by
 another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"), and the two sides of
 a comparison exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for
-you than rice?"). Each was found by a
+you than rice?"), and a conversion between two units the other way round ("How many pounds are
+in an ounce?" / "A pound is equal to how many ounces?"). Each was found by a
 hand-written probe (`loadtests/data/kinds_probe*.tsv`), the HTTP quality run
 (`loadtests.semantic_http_quality`) or the nearest other questions the verifier served on the
 tune split (`loadtests.near_miss_report`), and kept only where, on every train and tune pair, it
@@ -513,6 +514,87 @@ def _comparison_reversed(q: _Text, c: _Text) -> bool:
     return any(w in ("less", "fewer") and w not in used for w in only_q | only_c)
 
 
+#: Units a conversion goes between, each spelling (after `_ALIASES`) to one unit. Not here:
+#: units of time ("how many hours a day" is rarely a conversion), words that are often
+#: something else ("in", "m", "second", "stone", "won").
+_UNIT_NAMES = {
+    "pound": ["pound", "pounds"], "ounce": ["ounce", "ounces", "oz"],
+    "gram": ["gram", "grams"], "kilogram": ["kilogram", "kilograms", "kilo", "kilos"],
+    "liter": ["liter", "liters", "litre", "litres"],
+    "milliliter": ["ml", "milliliter", "milliliters", "millilitre", "millilitres"],
+    "gallon": ["gallon", "gallons"], "quart": ["quart", "quarts"], "pint": ["pint", "pints"],
+    "cup": ["cup", "cups"], "tablespoon": ["tablespoon", "tablespoons", "tbsp"],
+    "teaspoon": ["teaspoon", "teaspoons", "tsp"],
+    "mile": ["mile", "miles", "mph"], "kilometer": ["kilometer", "kilometers", "kilometre",
+                                                 "kilometres", "kph", "kmh"],
+    "meter": ["meter", "meters", "metre", "metres"], "foot": ["foot", "feet", "ft"],
+    "inch": ["inch", "inches"], "yard": ["yard", "yards", "yd"],
+    "centimeter": ["centimeter", "centimeters", "centimetre", "centimetres", "cm"],
+    "millimeter": ["millimeter", "millimeters", "millimetre", "millimetres", "mm"],
+    "acre": ["acre", "acres"], "hectare": ["hectare", "hectares"],
+    "celsius": ["celsius", "centigrade"], "fahrenheit": ["fahrenheit"], "kelvin": ["kelvin"],
+    "calorie": ["calorie", "calories", "kcal"], "joule": ["joule", "joules"],
+    "byte": ["byte", "bytes"], "kilobyte": ["kb", "kilobyte", "kilobytes"],
+    "megabyte": ["mb", "megabyte", "megabytes"], "gigabyte": ["gb", "gigabyte", "gigabytes"],
+    "terabyte": ["tb", "terabyte", "terabytes"],
+    "dollar": ["dollar"], "euro": ["euro"], "yen": ["yen"], "rupee": ["rupee", "rupees"],
+    "peso": ["peso", "pesos"], "franc": ["franc", "francs"], "yuan": ["yuan"],
+}  # fmt: skip
+_UNIT = {w: unit for unit, spellings in _UNIT_NAMES.items() for w in spellings}
+#: Words between "how many" and the unit it asks for ("how many square feet", "how many
+#: degrees Celsius"), or between a number and its unit.
+_UNIT_QUALIFIERS = frozenset(["square", "sq", "cubic", "fluid", "fl", "us", "imperial", "metric",
+                              "british", "american", "australian", "canadian", "degrees",
+                              "degree", "united", "states", "kingdom"])  # fmt: skip
+
+
+def _conversion(t: _Text) -> tuple[str, str] | None:
+    """(from, to) of a conversion between two units: "how many ounces (are) in a pound" and
+    "a pound is how many ounces" go from pounds to ounces, "convert 5 pounds to kilograms"
+    and "5 pounds in kilograms" from pounds to kilograms ("calories in 100 grams" converts
+    nothing: it asks what a quantity holds). None for anything else."""
+    words = t.words
+    found = [
+        (i, _UNIT[w]) for i, w in enumerate(words) if w in _UNIT and words[i - 1 : i] != ["per"]
+    ]
+    units = list(dict.fromkeys(u for _, u in found))
+    if len(units) != 2:
+        return None
+    for i, w in enumerate(words[:-1]):
+        if w == "how" and words[i + 1] in ("many", "much"):
+            j = i + 2
+            while j < len(words) and words[j] in _UNIT_QUALIFIERS and j < i + 4:
+                j += 1
+            if j < len(words) and words[j] in _UNIT:
+                asked = _UNIT[words[j]]
+                return (units[1] if asked == units[0] else units[0]), asked
+    (i, first), (j, second) = found[0], next(x for x in found if x[1] != found[0][1])
+    between = words[i + 1 : j]
+    if any(w in ("to", "into") for w in between):
+        return first, second
+    # "5 miles in kilometers" converts; "calories in 100 grams" asks what a quantity contains
+    if any(w in ("in", "as") for w in between) and _quantity(words, i) and not _quantity(words, j):
+        return first, second
+    return None
+
+
+def _quantity(words: list[str], i: int) -> bool:
+    """A number (digits, a number word, "a") right before the unit at `i`, qualifiers aside."""
+    k = i - 1
+    while k >= 0 and words[k] in _UNIT_QUALIFIERS:
+        k -= 1
+    return k >= 0 and (words[k][0].isdigit() or words[k] in _NUMBER_WORDS
+                       or words[k] in ("a", "an", "one"))  # fmt: skip
+
+
+def _conversion_reversed(q: _Text, c: _Text) -> bool:
+    """True when both convert between the same two units, in opposite directions, however
+    each says it: "How many pounds are in an ounce?" / "A pound is equal to how many ounces?",
+    "convert mph to km/h" / "how to change kilometres per hour into miles per hour"."""
+    qc, cc = _conversion(q), _conversion(c)
+    return qc is not None and cc is not None and qc == cc[::-1]
+
+
 #: The rules by name, in the order they are tried.
 RULES: tuple[tuple[str, Callable[[_Text, _Text], bool]], ...] = (
     ("modifier", _adds_modifier),
@@ -524,6 +606,7 @@ RULES: tuple[tuple[str, Callable[[_Text, _Text], bool]], ...] = (
     ("endpoint", _endpoint_replaced),
     ("number", _number_replaced),
     ("comparison", _comparison_reversed),
+    ("conversion", _conversion_reversed),
 )
 
 

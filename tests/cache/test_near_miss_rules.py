@@ -9,11 +9,13 @@ against one in bytes ("Mbps" / "MBps": the model is uncased); one end of "from X
 by another name ("from Madrid to Osaka" / "from Barcelona"); one number replaced by another in
 the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"); the sides of a comparison
 exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for you than
-rice?"). Each is another question whatever the trees say; rewordings, polite preambles,
-emphasis, statements, coordinated or listed names in another order, symmetric relations
-("compare X with Y"), phrases moved, operator spacing, a number spelled or converted otherwise
-and a comparison asked from the other side ("longer" / "shorter") are not refused. Checked on
-pairs written for this file, and through the real `SemanticCache`."""
+rice?"); a conversion between two units the other way round ("How many pounds are in an ounce?"
+/ "A pound is equal to how many ounces?"). Each is another question whatever the trees say;
+rewordings, polite preambles, emphasis, statements, coordinated or listed names in another
+order, symmetric relations ("compare X with Y"), phrases moved, operator spacing, a number
+spelled or converted otherwise and a comparison asked from the other side ("longer" / "shorter")
+and a conversion the same way round are not refused. Checked on pairs written for this file, and
+through the real `SemanticCache`."""
 
 from __future__ import annotations
 
@@ -127,7 +129,21 @@ COMPARISON = [
      "Are chimps closer relatives of gorillas than of humans?"),
     ("Is Berlin cheaper to live in than Munich?", "Is Munich less expensive to live in than Berlin?"),
 ]  # fmt: skip
+CONVERSION = [
+    ("How many pounds are in an ounce?", "A pound is equal to how many ounces?"),
+    ("one quart equals how many pints", "how many quarts in a pint"),
+    ("how many sq ft is 150 square metres", "Convert 150 square feet to square meters."),
+    ("how to change kilometres per hour into miles per hour", "How do I convert mph to km/h?"),
+    ("What is 30 degrees Celsius in Fahrenheit?", "How many degrees Celsius is 30 Fahrenheit?"),
+    ("How many dollars is 50 euros?", "What's 50 dollars in euros?"),
+]
 SAME = [
+    # a conversion said otherwise, the same way round; a quantity's contents
+    ("How many ounces in a pound?", "A pound is how many oz?"),
+    ("What is 5 miles in kilometers?", "Convert 5 miles to km"),
+    ("How much is 50 pounds in dollars?", "How many dollars is 50 pounds?"),
+    ("How many calories are in 100 g of cooked rice?",
+     "calories in a hundred grams of rice after cooking"),
     ("How do I say thank you in Japanese?", "What's the Japanese for thank you?"),
     # a comparison asked from the other side, with an opposite word
     ("Is a marathon longer than a half Ironman?", "Is a half Ironman shorter than a marathon?"),
@@ -198,7 +214,7 @@ SAME = [
 #: kind, two words exchanged, operators changed or moved.
 RULES = {"modifier": MODIFIER, "contrast": CONTRAST, "exchange": EXCHANGE, "operator": OPERATOR,
          "tense": TENSE, "unit": UNIT, "endpoint": ENDPOINT,
-         "number": NUMBER, "comparison": COMPARISON}  # fmt: skip
+         "number": NUMBER, "comparison": COMPARISON, "conversion": CONVERSION}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -219,7 +235,7 @@ def test_rewordings_and_additions_that_narrow_nothing_pass(cached: str, asked: s
 def test_the_verifier_refuses_them_at_any_cosine() -> None:
     v = default_verifier()
     for cached, asked in (
-        MODIFIER + CONTRAST + EXCHANGE + OPERATOR + TENSE + UNIT + NUMBER + COMPARISON
+        MODIFIER + CONTRAST + EXCHANGE + OPERATOR + TENSE + UNIT + NUMBER + COMPARISON + CONVERSION
     ):
         assert v.probabilities(asked, [(cached, 0.99), (asked, 0.5)]) == [0.0, 1.0]
     # a case-only difference is the same text, but for a unit in bits against one in bytes
