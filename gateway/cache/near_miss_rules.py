@@ -8,11 +8,11 @@ Brazil beat Germany" / "did Germany beat Brazil", "what should I say to my boss"
 my boss say to me"), operators changed, moved or grouped otherwise (`i++` / `++i`, `*p++` /
 `(*p)++`), the same words in the past and in the future, a size in bits against one in
 bytes ("Mbps" / "MBps": the model is uncased), one end of a "from X to Y" replaced by
-another name ("from Madrid to Osaka" / "from Barcelona to Osaka"), and a number replaced by
-another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"), and the two sides of
-a comparison exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for
-you than rice?"), and a conversion between two units the other way round ("How many pounds are
-in an ounce?" / "A pound is equal to how many ounces?"). Each was found by a
+another name ("from Madrid to Osaka" / "from Barcelona to Osaka"), a number replaced by
+another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"), the two sides of a
+comparison exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for you
+than rice?"), and a conversion between two units the other way round ("How many pounds are in
+an ounce?" / "A pound is equal to how many ounces?"). Each was found by a
 hand-written probe (`loadtests/data/kinds_probe*.tsv`), the HTTP quality run
 (`loadtests.semantic_http_quality`) or the nearest other questions the verifier served on the
 tune split (`loadtests.near_miss_report`), and kept only where, on every train and tune pair, it
@@ -435,10 +435,9 @@ def _number_replaced(q: _Text, c: _Text) -> bool:
     """True when one number is another on each side, in the same place: "on Windows 7" / "on
     Windows 11", "for 3 goldfish" / "for 10 goldfish", "a 5k" / "a 10k", "PS4" / "PS5",
     "Python 3.12" / "Python 3.11". Left to the trees: a number said in words on either side,
-    numbers as many on one side as the other only when they differ by one each ("1 hour 25
-    minutes" / "85 minutes" have two and one), a number in another place ("2 hours" / "120
-    minutes": another unit after it), and one a shorter spelling of the other ("1950s" /
-    "50s")."""
+    unequal counts of numbers ("1 hour 25 minutes" / "85 minutes"), more than one number
+    changed, a number in another place ("2 hours" / "120 minutes": another unit after it), and
+    one a shorter spelling of the other ("1950s" / "50s")."""
     qt, qn = _number_tokens(q.lower)
     ct, cn = _number_tokens(c.lower)
     if not qn or len(qn) != len(cn) or any(w in _NUMBER_WORDS for w in qt + ct):

@@ -59,9 +59,9 @@ class SemanticSettings(BaseModel):
     judge_margin: float = Field(default=JUDGE_MARGIN, ge=0.0, le=1.0)
     """With the verifier: candidates whose cosine is more than this below the closest one's are
     not judged. In a namespace of look-alike questions all four candidates pass the retrieval
-    floor, and judging them was a sixth of a hit's CPU; a rewording of the closest question's
-    own question that far below it was never the one served on the tune split (right answers
-    the same with 0.10 as with all four; BENCHMARKS.md, semantic cache speed)."""
+    floor, and judging them was a sixth of a hit's CPU; on the tune split a candidate that far
+    below the closest was never the one served (right answers the same with 0.10 as with all
+    four; BENCHMARKS.md, semantic cache speed)."""
     guards: GuardSettings = Field(default_factory=GuardSettings)
     """Used by the "guards" matcher only: with the verifier they are among its features, and a
     veto on top of it lowered hits more than false hits on every set measured."""

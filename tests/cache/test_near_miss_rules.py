@@ -13,7 +13,7 @@ rice?"); a conversion between two units the other way round ("How many pounds ar
 / "A pound is equal to how many ounces?"). Each is another question whatever the trees say;
 rewordings, polite preambles, emphasis, statements, coordinated or listed names in another
 order, symmetric relations ("compare X with Y"), phrases moved, operator spacing, a number
-spelled or converted otherwise and a comparison asked from the other side ("longer" / "shorter")
+spelled or converted otherwise, a comparison asked from the other side ("longer" / "shorter")
 and a conversion the same way round are not refused. Checked on pairs written for this file, and
 through the real `SemanticCache`."""
 
@@ -153,7 +153,7 @@ SAME = [
     # numbers: the same number spelled otherwise, or converted (another unit after it)
     ("Is 1,000 words enough for an essay?", "Is a 1000-word essay long enough?"),
     ("What was life like in a 1950s house?", "What was life like in a 50s-era house?"),
-    ("How many minutes are in 2 hours?", "How many minutes is 120 minutes in hours?"),
+    ("Is a 2 hour flight too long for a toddler?", "Is a 120 minute flight too long for a toddler?"),
     ("A bus leaves at 7:50 and rides 1 hour 25 minutes; when does it arrive?",
      "A bus departs at 7:50 and the trip lasts 85 minutes; what's the arrival time?"),
     ("What time is 2:30 pm Eastern in Pacific time?",
