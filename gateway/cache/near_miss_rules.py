@@ -540,6 +540,30 @@ _UNIT_NAMES = {
     "peso": ["peso", "pesos"], "franc": ["franc", "francs"], "yuan": ["yuan"],
 }  # fmt: skip
 _UNIT = {w: unit for unit, spellings in _UNIT_NAMES.items() for w in spellings}
+#: Other things one converts into another: file formats, data types, media, languages. Not
+#: here: words as often something else ("word", "set", "map", "series", "go", "c", "md").
+_THING_NAMES = {
+    "pdf": ["pdf"], "docx": ["docx", "doc"], "excel": ["xlsx", "xls", "excel"], "csv": ["csv"],
+    "json": ["json"], "xml": ["xml"], "yaml": ["yaml", "yml"], "html": ["html"],
+    "markdown": ["markdown"], "txt": ["txt"], "epub": ["epub"], "mobi": ["mobi"],
+    "jpg": ["jpg", "jpeg"], "png": ["png"], "gif": ["gif"], "webp": ["webp"], "heic": ["heic"],
+    "svg": ["svg"], "mp3": ["mp3"], "mp4": ["mp4"], "wav": ["wav"], "flac": ["flac"],
+    "m4a": ["m4a"], "mov": ["mov"], "avi": ["avi"], "mkv": ["mkv"], "webm": ["webm"],
+    "list": ["list"], "dict": ["dict", "dictionary"], "tuple": ["tuple"],
+    "string": ["string", "str"], "int": ["int", "integer"], "float": ["float"],
+    "array": ["array", "ndarray"], "dataframe": ["dataframe"], "datetime": ["datetime"],
+    "timestamp": ["timestamp"], "hex": ["hex", "hexadecimal"], "binary": ["binary"],
+    "decimal": ["decimal"], "base64": ["base64"],
+    "text": ["text"], "speech": ["speech"], "audio": ["audio"], "video": ["video"],
+    "image": ["image", "picture"],
+    "english": ["english"], "spanish": ["spanish"], "french": ["french"], "german": ["german"],
+    "italian": ["italian"], "portuguese": ["portuguese"], "chinese": ["chinese", "mandarin"],
+    "japanese": ["japanese"], "korean": ["korean"], "russian": ["russian"], "arabic": ["arabic"],
+    "hindi": ["hindi"], "dutch": ["dutch"], "latin": ["latin"],
+    "python": ["python"], "javascript": ["javascript"], "typescript": ["typescript"],
+    "java": ["java"], "rust": ["rust"], "kotlin": ["kotlin"], "swift": ["swift"],
+}  # fmt: skip
+_CONVERTIBLE = _UNIT | {w: t for t, spellings in _THING_NAMES.items() for w in spellings}
 #: Words between "how many" and the unit it asks for ("how many square feet", "how many
 #: degrees Celsius"), or between a number and its unit.
 _UNIT_QUALIFIERS = frozenset(["square", "sq", "cubic", "fluid", "fl", "us", "imperial", "metric",
@@ -548,13 +572,17 @@ _UNIT_QUALIFIERS = frozenset(["square", "sq", "cubic", "fluid", "fl", "us", "imp
 
 
 def _conversion(t: _Text) -> tuple[str, str] | None:
-    """(from, to) of a conversion between two units: "how many ounces (are) in a pound" and
-    "a pound is how many ounces" go from pounds to ounces, "convert 5 pounds to kilograms"
-    and "5 pounds in kilograms" from pounds to kilograms ("calories in 100 grams" converts
-    nothing: it asks what a quantity holds). None for anything else."""
+    """(from, to) of a conversion between two units, formats, types or languages: "how many
+    ounces (are) in a pound" and "a pound is how many ounces" go from pounds to ounces,
+    "convert 5 pounds to kilograms", "5 pounds in kilograms" and "turn a DataFrame into an
+    array" from the first to the second ("calories in 100 grams" converts nothing: it asks
+    what a quantity holds). None for anything else, and for a symmetric relation without "how
+    many" ("compare X to Y")."""
     words = t.words
     found = [
-        (i, _UNIT[w]) for i, w in enumerate(words) if w in _UNIT and words[i - 1 : i] != ["per"]
+        (i, _CONVERTIBLE[w])
+        for i, w in enumerate(words)
+        if w in _CONVERTIBLE and words[i - 1 : i] != ["per"]
     ]
     units = list(dict.fromkeys(u for _, u in found))
     if len(units) != 2:
@@ -567,12 +595,19 @@ def _conversion(t: _Text) -> tuple[str, str] | None:
             if j < len(words) and words[j] in _UNIT:
                 asked = _UNIT[words[j]]
                 return (units[1] if asked == units[0] else units[0]), asked
+    if any(w in _SYMMETRIC for w in words):  # "compare X to Y" reads the same both ways
+        return None
     (i, first), (j, second) = found[0], next(x for x in found if x[1] != found[0][1])
     between = words[i + 1 : j]
-    if any(w in ("to", "into") for w in between):
+    both_units = words[i] in _UNIT and words[j] in _UNIT
+    # a "to" right after a format, a type or a language ("an mp4 file into mp3"), anywhere
+    # between two units; not "Java: what's the simplest way to reverse a String?"
+    if any(w in ("to", "into") for w in between) and (both_units or len(between) <= 4):
         return first, second
-    # "5 miles in kilometers" converts; "calories in 100 grams" asks what a quantity contains
-    if any(w in ("in", "as") for w in between) and _quantity(words, i) and not _quantity(words, j):
+    # "5 miles in kilometers" converts; "calories in 100 grams" asks what a quantity contains,
+    # "a string in Java" what to do with it
+    in_words = any(w in ("in", "as") for w in between)
+    if both_units and in_words and _quantity(words, i) and not _quantity(words, j):
         return first, second
     return None
 
@@ -589,7 +624,8 @@ def _quantity(words: list[str], i: int) -> bool:
 def _conversion_reversed(q: _Text, c: _Text) -> bool:
     """True when both convert between the same two units, in opposite directions, however
     each says it: "How many pounds are in an ounce?" / "A pound is equal to how many ounces?",
-    "convert mph to km/h" / "how to change kilometres per hour into miles per hour"."""
+    "convert mph to km/h" / "how to change kilometres per hour into miles per hour", "convert
+    mp3 to mp4" / "change an mp4 file into mp3"."""
     qc, cc = _conversion(q), _conversion(c)
     return qc is not None and cc is not None and qc == cc[::-1]
 

@@ -136,7 +136,13 @@ CONVERSION = [
     ("how to change kilometres per hour into miles per hour", "How do I convert mph to km/h?"),
     ("What is 30 degrees Celsius in Fahrenheit?", "How many degrees Celsius is 30 Fahrenheit?"),
     ("How many dollars is 50 euros?", "What's 50 dollars in euros?"),
-]
+    # formats, data types, languages
+    ("how to convert mp3 to mp4", "change an mp4 file into mp3"),
+    ("What's the method for turning a pandas DataFrame into a NumPy ndarray?",
+     "How do I convert a NumPy array to a pandas DataFrame with column names?"),
+    ("Translate this from English into Spanish", "Spanish to English translation, please"),
+    ("Best text to speech app?", "Which speech-to-text app is best?"),
+]  # fmt: skip
 SAME = [
     # a conversion said otherwise, the same way round; a quantity's contents
     ("How many ounces in a pound?", "A pound is how many oz?"),
@@ -144,6 +150,8 @@ SAME = [
     ("How much is 50 pounds in dollars?", "How many dollars is 50 pounds?"),
     ("How many calories are in 100 g of cooked rice?",
      "calories in a hundred grams of rice after cooking"),
+    ("How do I reverse a string in Java?", "Java: what's the simplest way to reverse a String?"),
+    ("Compare JSON to XML for config files", "Compare XML to JSON for config files"),
     ("How do I say thank you in Japanese?", "What's the Japanese for thank you?"),
     # a comparison asked from the other side, with an opposite word
     ("Is a marathon longer than a half Ironman?", "Is a half Ironman shorter than a marathon?"),
