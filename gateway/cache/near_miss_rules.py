@@ -11,8 +11,9 @@ bytes ("Mbps" / "MBps": the model is uncased), one end of a "from X to Y" replac
 another name ("from Madrid to Osaka" / "from Barcelona to Osaka"), a number replaced by
 another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"), the two sides of a
 comparison exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for you
-than rice?"), and a conversion between two units the other way round ("How many pounds are in
-an ounce?" / "A pound is equal to how many ounces?"). Each was found by a
+than rice?"), and a conversion between two units, formats, types or languages the other way
+round ("How many pounds are in an ounce?" / "A pound is equal to how many ounces?", "mp3 to
+mp4" / "an mp4 file into mp3"). Each was found by a
 hand-written probe (`loadtests/data/kinds_probe*.tsv`), the HTTP quality run
 (`loadtests.semantic_http_quality`) or the nearest other questions the verifier served on the
 tune split (`loadtests.near_miss_report`), and kept only where, on every train and tune pair, it
@@ -622,7 +623,7 @@ def _quantity(words: list[str], i: int) -> bool:
 
 
 def _conversion_reversed(q: _Text, c: _Text) -> bool:
-    """True when both convert between the same two units, in opposite directions, however
+    """True when both convert between the same two things, in opposite directions, however
     each says it: "How many pounds are in an ounce?" / "A pound is equal to how many ounces?",
     "convert mph to km/h" / "how to change kilometres per hour into miles per hour", "convert
     mp3 to mp4" / "change an mp4 file into mp3"."""

@@ -9,13 +9,14 @@ against one in bytes ("Mbps" / "MBps": the model is uncased); one end of "from X
 by another name ("from Madrid to Osaka" / "from Barcelona"); one number replaced by another in
 the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"); the sides of a comparison
 exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for you than
-rice?"); a conversion between two units the other way round ("How many pounds are in an ounce?"
-/ "A pound is equal to how many ounces?"). Each is another question whatever the trees say;
-rewordings, polite preambles, emphasis, statements, coordinated or listed names in another
-order, symmetric relations ("compare X with Y"), phrases moved, operator spacing, a number
-spelled or converted otherwise, a comparison asked from the other side ("longer" / "shorter")
-and a conversion the same way round are not refused. Checked on pairs written for this file, and
-through the real `SemanticCache`."""
+rice?"); a conversion between two units, formats, types or languages the other way round ("How
+many pounds are in an ounce?" / "A pound is equal to how many ounces?", "mp3 to mp4" / "an mp4
+file into mp3"). Each is another question whatever the trees say; rewordings, polite preambles,
+emphasis, statements, coordinated or listed names in another order, symmetric relations
+("compare X with Y"), phrases moved, operator spacing, a number spelled or converted otherwise,
+a comparison asked from the other side ("longer" / "shorter") and a conversion the same way
+round are not refused. Checked on pairs written for this file, and through the real
+`SemanticCache`."""
 
 from __future__ import annotations
 
