@@ -142,19 +142,19 @@ class AsyncEmbedder:
         queue's lock)."""
         return self._busy.count(False) - len(self._queue.queue)
 
-    def can_warm(self) -> bool:
-        """Whether `warm` would queue anything now: the memo on and two threads idle (a
+    def can_warm(self, min_idle: int = 2) -> bool:
+        """Whether `warm` would queue anything now: the memo on and `min_idle` threads idle (a
         hint; check it before working out what to warm, which under load is never)."""
-        return bool(self._memo_max) and not self._closed and self.idle() >= 2
+        return bool(self._memo_max) and not self._closed and self.idle() >= min_idle
 
-    def warm(self, texts: list[str]) -> threading.Event | None:
+    def warm(self, texts: list[str], min_idle: int = 2) -> threading.Event | None:
         """Embed into the memo, without waiting, those of `texts` it lacks: vectors the caller
-        may soon need, computed on a thread that would otherwise idle. Only while at least two
-        threads are idle (one for the caller's own job); None when nothing was queued, else an
-        event set once they are done: pass it as a `More`'s `after`, so that they are not
-        embedded twice."""
+        may soon need, computed on a thread that would otherwise idle. Only while at least
+        `min_idle` threads are idle (two when the caller has a job of its own to run beside
+        it); None when nothing was queued, else an event set once they are done: pass it as a
+        `More`'s `after`, so that they are not embedded twice."""
         todo = [t for t in texts if t not in self._memo]
-        if not todo or not self.can_warm():
+        if not todo or not self.can_warm(min_idle):
             return None
         done = threading.Event()
         try:

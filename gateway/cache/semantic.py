@@ -457,6 +457,13 @@ class SemanticCache:
         if isinstance(entry, str):
             return self._refuse(entry)
         self.stored += 1
+        if self.verifier is not None and self.worker.can_warm(min_idle=1):
+            # A later question sharing this one's context is judged on the clause they differ
+            # in, this side's from the memo: embedded now, on a thread that would idle, not
+            # after that question's search (a long rewording's first hit: ~2-3 ms less). One
+            # idle thread is enough: no job of this request's waits beside it (the store's own
+            # thread may not count as idle yet).
+            self.worker.warm(clauses(text)[-_WARM_CLAUSES:], min_idle=1)
         if self.store_backend is not None and self.store_backend.available():
             # Persist in the background: a slow or dead Redis must not delay the response.
             task = asyncio.create_task(self.store_backend.put(entry, ttl))
