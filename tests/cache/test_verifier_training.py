@@ -268,3 +268,12 @@ def test_the_http_quality_run_matches_the_offline_protocol() -> None:
     assert right + wrong + miss == 74  # every paraphrase asked once
     assert abs(right - offline_right) <= 4 and wrong <= offline_wrong + 3
     assert right >= 40  # the cache serves through HTTP at all
+
+
+def test_the_lookup_latency_run_serves_first_rewordings() -> None:
+    """`python -m loadtests.semantic_lookup_latency`: first rewordings of stored questions, one
+    at a time in-process, are served (what it times are hits), short and long."""
+    out = _run_module("loadtests.semantic_lookup_latency", "--questions", "4", "--pause-ms", "1")
+    lines = [line for line in out.splitlines() if "lookup p50" in line]
+    assert [line.split(":")[0] for line in lines] == ["short", "long"], out
+    assert all("outcomes {'hit': 4}" in line for line in lines), out
