@@ -9,7 +9,8 @@ my boss say to me"), operators changed, moved or grouped otherwise (`i++` / `++i
 `(*p)++`), the same words in the past and in the future, a size in bits against one in
 bytes ("Mbps" / "MBps": the model is uncased), one end of a "from X to Y" replaced by
 another name ("from Madrid to Osaka" / "from Barcelona to Osaka"), a number replaced by
-another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"), the two sides of a
+another in the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5") or one year by
+another wherever it stands ("March 5, 2024" / "5 March 2023"), the two sides of a
 comparison exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for you
 than rice?"), and a conversion between two units, formats, types or languages the other way
 round ("How many pounds are in an ounce?" / "A pound is equal to how many ounces?", "mp3 to
@@ -458,6 +459,25 @@ def _number_replaced(q: _Text, c: _Text) -> bool:
     return any(ch.isalpha() for ch in shape_x) or _same_slot(qt, i, ct, j)
 
 
+#: A year (1500-2099) standing alone: not part of a longer number, a decimal, a time or a span
+#: ("2023-24").
+_YEAR = re.compile(r"(?<![\d.,:/-])(?:1[5-9]\d\d|20\d\d)(?![\d.,:/-]?\d)")
+
+
+@lru_cache(maxsize=16384)
+def _years(raw: str) -> tuple[str, ...]:
+    return tuple(_YEAR.findall(raw))
+
+
+def _year_replaced(q: _Text, c: _Text) -> bool:
+    """True when each text names one year and the years differ, wherever each stands and
+    however the date around it is written: "What day of the week was March 5, 2024?" / "Which
+    weekday was 5 March 2023?" (the number rule wants the year in the same place). Left to the
+    trees: a year on one side only ("in 2024" / "this year") and several years on a side."""
+    qy, cy = _years(q.raw), _years(c.raw)
+    return len(qy) == len(cy) == 1 and qy != cy
+
+
 #: Comparisons that say the same from the other side ("longer" / "shorter", "more expensive" /
 #: "cheaper"), beside the antonyms the features know.
 _CONVERSE_PAIRS = [
@@ -641,6 +661,7 @@ RULES: tuple[tuple[str, Callable[[_Text, _Text], bool]], ...] = (
     ("unit", _bits_bytes),
     ("endpoint", _endpoint_replaced),
     ("number", _number_replaced),
+    ("year", _year_replaced),
     ("comparison", _comparison_reversed),
     ("conversion", _conversion_reversed),
 )

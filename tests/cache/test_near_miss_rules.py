@@ -7,16 +7,16 @@ words with other operators, operators written on the other side (`i++` / `++i`) 
 other brackets (`*p++` / `(*p)++`); the same words in the past and in the future; a size in bits
 against one in bytes ("Mbps" / "MBps": the model is uncased); one end of "from X to Y" replaced
 by another name ("from Madrid to Osaka" / "from Barcelona"); one number replaced by another in
-the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"); the sides of a comparison
-exchanged in other words ("Is rice healthier than pasta?" / "Is pasta better for you than
-rice?"); a conversion between two units, formats, types or languages the other way round ("How
-many pounds are in an ounce?" / "A pound is equal to how many ounces?", "mp3 to mp4" / "an mp4
-file into mp3"). Each is another question whatever the trees say; rewordings, polite preambles,
-emphasis, statements, coordinated or listed names in another order, symmetric relations
-("compare X with Y"), phrases moved, operator spacing, a number spelled or converted otherwise,
-a comparison asked from the other side ("longer" / "shorter") and a conversion the same way
-round are not refused. Checked on pairs written for this file, and through the real
-`SemanticCache`."""
+the same place ("on Windows 7" / "on Windows 11", "PS4" / "PS5"), or one year by another
+wherever it stands; the sides of a comparison exchanged in other words ("Is rice healthier than
+pasta?" / "Is pasta better for you than rice?"); a conversion between two units, formats, types
+or languages the other way round ("How many pounds are in an ounce?" / "A pound is equal to how
+many ounces?", "mp3 to mp4" / "an mp4 file into mp3"). Each is another question whatever the
+trees say; rewordings, polite preambles, emphasis, statements, coordinated or listed names in
+another order, symmetric relations ("compare X with Y"), phrases moved, operator spacing, a
+number spelled or converted otherwise, a comparison asked from the other side ("longer" /
+"shorter") and a conversion the same way round are not refused. Checked on pairs written for
+this file, and through the real `SemanticCache`."""
 
 from __future__ import annotations
 
@@ -122,6 +122,11 @@ NUMBER = [
     ("How many chickens fit in a 4x8 coop?", "How many hens can I keep in a 10x12 coop?"),
     ("Can I print with a 0.2mm layer height?", "Is a 0.08mm layer height printable?"),
 ]  # fmt: skip
+YEAR = [
+    ("What day of the week was March 5, 2024?", "Which weekday was 5 March 2023?"),
+    ("Who won the World Cup in 2018?", "Which country won the 2022 World Cup?"),
+    ("Which movies won Oscars in 2019?", "What were the Oscar-winning films of 2020?"),
+]
 COMPARISON = [
     ("Is rice healthier than pasta?", "Is pasta better for you than rice?"),
     ("Is Mount Everest taller than K2?", "Is K2 higher than Mount Everest?"),
@@ -168,6 +173,9 @@ SAME = [
     ("What time is 2:30 pm Eastern in Pacific time?",
      "If it's 14:30 ET, what time is it on the West Coast?"),
     ("Is a microphone under $100 good enough?", "Is a microphone under a hundred dollars good enough?"),
+    # a year on one side only, or a span
+    ("Who won the World Cup in 2022?", "Who won the most recent World Cup?"),
+    ("Who won the 2023-24 Premier League?", "Which club won the Premier League in 2024?"),
     ("Should I learn Python or Rust first?", "Should I learn Rust or Python first?"),
     ("Compare Postgres with MySQL for analytics", "Compare MySQL with Postgres for analytics"),
     ("How far is Lyon from Geneva?", "How far is Geneva from Lyon?"),
@@ -223,7 +231,8 @@ SAME = [
 #: kind, two words exchanged, operators changed or moved.
 RULES = {"modifier": MODIFIER, "contrast": CONTRAST, "exchange": EXCHANGE, "operator": OPERATOR,
          "tense": TENSE, "unit": UNIT, "endpoint": ENDPOINT,
-         "number": NUMBER, "comparison": COMPARISON, "conversion": CONVERSION}  # fmt: skip
+         "number": NUMBER, "year": YEAR, "comparison": COMPARISON,
+         "conversion": CONVERSION}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -244,7 +253,16 @@ def test_rewordings_and_additions_that_narrow_nothing_pass(cached: str, asked: s
 def test_the_verifier_refuses_them_at_any_cosine() -> None:
     v = default_verifier()
     for cached, asked in (
-        MODIFIER + CONTRAST + EXCHANGE + OPERATOR + TENSE + UNIT + NUMBER + COMPARISON + CONVERSION
+        MODIFIER
+        + CONTRAST
+        + EXCHANGE
+        + OPERATOR
+        + TENSE
+        + UNIT
+        + NUMBER
+        + YEAR
+        + COMPARISON
+        + CONVERSION
     ):
         assert v.probabilities(asked, [(cached, 0.99), (asked, 0.5)]) == [0.0, 1.0]
     # a case-only difference is the same text, but for a unit in bits against one in bytes
