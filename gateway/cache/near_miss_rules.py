@@ -499,15 +499,17 @@ for _a, _b in _CONVERSE_PAIRS:
     _CONVERSE.setdefault(_b, set()).add(_a)
 
 
-def _than_sides(t: _Text) -> tuple[str, set[str]] | None:
+@lru_cache(maxsize=16384)
+def _than_sides(raw: str) -> tuple[str, frozenset[str]] | None:
     """For a text with one "than": the first content word after it (what is compared
-    against) and the content words before it (stems)."""
-    words = t.words
+    against) and the content words before it (stems). By text: a cached question is judged
+    against many new ones."""
+    words = _text(raw).words
     if words.count("than") != 1:
         return None
     i = words.index("than")
     after = [_stem(w) for w in words[i + 1 :] if w not in _STOP]
-    before = {_stem(w) for w in words[:i] if w not in _STOP}
+    before = frozenset(_stem(w) for w in words[:i] if w not in _STOP)
     return (after[0], before) if after and before else None
 
 
@@ -517,7 +519,7 @@ def _comparison_reversed(q: _Text, c: _Text) -> bool:
     the trees: the comparison turned with an opposite word ("longer" / "shorter", "more
     expensive" / "cheaper": the same question asked from the other side), but not with an
     opposite and a "less" ("cheaper" / "less expensive" is the same side again)."""
-    qs, cs = _than_sides(q), _than_sides(c)
+    qs, cs = _than_sides(q.raw), _than_sides(c.raw)
     if qs is None or cs is None:
         return False
     (q_against, q_before), (c_against, c_before) = qs, cs
@@ -587,19 +589,20 @@ _THING_NAMES = {
 _CONVERTIBLE = _UNIT | {w: t for t, spellings in _THING_NAMES.items() for w in spellings}
 #: Words between "how many" and the unit it asks for ("how many square feet", "how many
 #: degrees Celsius"), or between a number and its unit.
-_UNIT_QUALIFIERS = frozenset(["square", "sq", "cubic", "fluid", "fl", "us", "imperial", "metric",
+_UNIT_QUALIFIERS = frozenset(["square", "sq", "cubic", "fluid", "fl", "imperial", "metric",
                               "british", "american", "australian", "canadian", "degrees",
                               "degree", "united", "states", "kingdom"])  # fmt: skip
 
 
-def _conversion(t: _Text) -> tuple[str, str] | None:
+@lru_cache(maxsize=16384)
+def _conversion(raw: str) -> tuple[str, str] | None:
     """(from, to) of a conversion between two units, formats, types or languages: "how many
     ounces (are) in a pound" and "a pound is how many ounces" go from pounds to ounces,
     "convert 5 pounds to kilograms", "5 pounds in kilograms" and "turn a DataFrame into an
     array" from the first to the second ("calories in 100 grams" converts nothing: it asks
     what a quantity holds). None for anything else, and for a symmetric relation without "how
-    many" ("compare X to Y")."""
-    words = t.words
+    many" ("compare X to Y"). By text: a cached question is judged against many new ones."""
+    words = _text(raw).words
     found = [
         (i, _CONVERTIBLE[w])
         for i, w in enumerate(words)
@@ -647,7 +650,7 @@ def _conversion_reversed(q: _Text, c: _Text) -> bool:
     each says it: "How many pounds are in an ounce?" / "A pound is equal to how many ounces?",
     "convert mph to km/h" / "how to change kilometres per hour into miles per hour", "convert
     mp3 to mp4" / "change an mp4 file into mp3"."""
-    qc, cc = _conversion(q), _conversion(c)
+    qc, cc = _conversion(q.raw), _conversion(c.raw)
     return qc is not None and cc is not None and qc == cc[::-1]
 
 
