@@ -30,6 +30,7 @@ import orjson
 
 from gateway.cache import guards
 from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy, JobFailed, More
+from gateway.cache.context_index import context_keys
 from gateway.cache.embedder import make_embedders
 from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
@@ -43,6 +44,7 @@ from gateway.infra.tasks import stop_task
 log = logging.getLogger(__name__)
 
 Outcome = Literal["hit", "miss", "rejected", "skipped"]
+Vectors = np.ndarray | None
 _MEMO_ENTRY_BYTES = 4 * 384 + 200  # a memoised vector, its key reference and LRU slot
 #: The tokenizer's longest word (`max_input_chars_per_word`); a longer one is one [UNK] token.
 _LONGEST_WORD = 100
@@ -132,6 +134,10 @@ class SemanticLookup:
     """Embedding of the looked-up text: pass it to `store` to avoid embedding twice."""
 
 
+#: What a step of a lookup on the worker thread gives: the result, or its next step.
+Found = SemanticLookup | More
+
+
 @dataclass(slots=True)
 class _Judged:
     """A lookup's candidates for the verifier: each judged on its whole text (None), or, sharing
@@ -202,6 +208,9 @@ class SemanticCache:
         self._listener: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[bool]] = set()
         self.stored = 0
+        self.context_hits = 0
+        """Hits judged by their own clause, found by the context they share (`context_index`)
+        without embedding the whole question."""
         self.refused: dict[str, int] = {}
         """Stores refused, by reason: busy (queue full), too_long, too_big, error."""
         self.ready = asyncio.Event()
@@ -257,25 +266,35 @@ class SemanticCache:
         else:
             limit = verifier.retrieval_floor if verifier is not None else GUARDS_THRESHOLD
 
-        # A question of several clauses may share a dominant context with a candidate, which is
-        # then judged by the clauses the two differ in: an idle thread embeds this side's now,
-        # beside the question, instead of after it. The last few only: a long context comes
-        # first and the question last, and the thread must be free again soon. Under load no
-        # thread is idle: the clauses are not even worked out (10% of the hits/s of verbatim
-        # repeats, in-process).
-        ahead = None
-        if self.verifier is not None and self.worker.can_warm():
-            ahead = self.worker.warm(clauses(text)[-_WARM_CLAUSES:])
+        # A threshold of the policy or the caller bounds the whole texts' cosine, which only
+        # the whole-text search computes.
+        by_context = (
+            verifier is not None
+            and s.context_groups
+            and threshold is None
+            and s.threshold is None
+            and self.index.contexts.has_namespace(namespace)
+        )
 
-        def search(vectors: np.ndarray | None) -> SemanticLookup | More:
-            assert vectors is not None
-            if self._over_length(text):
-                return SemanticLookup("skipped", reason="too_long")
-            found = self._match(namespace, text, vectors[0].copy(), limit, gs)
-            return self._judge_clauses(found, ahead) if isinstance(found, _Judged) else found
+        def search_with(ahead: threading.Event | None) -> Callable[[Vectors], Found]:
+            def search(vectors: Vectors) -> Found:
+                assert vectors is not None
+                if self._over_length(text):
+                    return SemanticLookup("skipped", reason="too_long")
+                found = self._match(namespace, text, vectors[0].copy(), limit, gs)
+                return self._judge_clauses(found, ahead) if isinstance(found, _Judged) else found
 
+            return search
+
+        if by_context:
+            # A cached question of this namespace shares its context with others: this one
+            # may too, and is then first judged by its own clause, without embedding the whole
+            # text (`context_index`); the whole text's search follows when that serves nothing.
+            texts, then = [], self._by_context(namespace, text, search_with)
+        else:
+            texts, then = [text], search_with(self._warm_clauses(text, min_idle=2))
         try:
-            found = await self.worker.submit([text], search)
+            found = await self.worker.submit(texts, then)
             assert isinstance(found, SemanticLookup)  # the worker follows every `More`
             return found
         except EmbedderBusy:
@@ -341,7 +360,107 @@ class SemanticCache:
             return SemanticLookup("rejected", reason=reason, similarity=best, vector=vector)
         return self._hit(*chosen, vector)
 
-    def _hit(self, sim: float, entry: Entry, vector: np.ndarray) -> SemanticLookup:
+    def _warm_clauses(self, text: str, min_idle: int) -> threading.Event | None:
+        """A question of several clauses may share a dominant context with a candidate, which is
+        then judged by the clauses they differ in: an idle thread embeds this side's now, beside
+        the question, instead of after it. The last few only: a long context comes first and
+        the question last, and the thread must be free again soon. Under load no thread is idle:
+        the clauses are not even worked out (10% of the hits/s of verbatim repeats,
+        in-process)."""
+        if self.verifier is None or not self.worker.can_warm(min_idle):
+            return None
+        return self.worker.warm(clauses(text)[-_WARM_CLAUSES:], min_idle)
+
+    def _by_context(
+        self,
+        namespace: str,
+        text: str,
+        whole: Callable[[threading.Event | None], Callable[[Vectors], Found]],
+    ) -> Callable[[Vectors], Found]:
+        """A lookup's first step (under the index lock) when its namespace has groups of shared
+        context: the groups this text would join, if any exists, and then its own clause in each
+        embedded (outside the lock) and judged against their nearest members. `whole(ahead)`,
+        the search by the whole text's vector, runs next when none is served."""
+
+        def find(_: Vectors) -> Found:
+            if self._over_length(text):
+                return SemanticLookup("skipped", reason="too_long")
+            same = self.index.get(entry_id_for(namespace, text), self._clock())
+            if same is not None and same.text == text:
+                # asked again verbatim: what the search would serve (`_match`), unembedded
+                return self._hit(1.0, same, None)
+            parts = clauses(text)
+            found = [
+                (i, key)
+                for i, key in context_keys(namespace, parts)
+                if self.index.contexts.has(key)
+            ]
+            if not found:
+                # this thread embeds the text next: one other idle is enough to warm
+                return More([text], whole(self._warm_clauses(text, min_idle=1)))
+
+            def judge(vectors: Vectors) -> Found:
+                assert vectors is not None
+                served = self._judge_by_context(namespace, text, parts, found, vectors)
+                # the clause's vector is in the memo now, for the whole text's judging
+                return served if served is not None else More([text], whole(None))
+
+            return More([parts[i] for i, _ in found], judge)
+
+        return find
+
+    def _judge_by_context(
+        self,
+        namespace: str,
+        text: str,
+        parts: list[str],
+        found: list[tuple[int, int]],
+        vectors: np.ndarray,
+    ) -> SemanticLookup | None:
+        """Under the index lock: the members nearest this text's clause in each group `found`
+        (as `_match` takes candidates: within `judge_margin` of the closest, above the
+        verifier's floor), each judged by the clause pair that the whole-text search would have
+        it judged by, and the most probable one served; None when none passes."""
+        assert self.verifier is not None
+        s = self.settings
+        now = self._clock()
+        near = [
+            (sim, entry, i)
+            for row, (i, key) in enumerate(found)
+            for sim, entry in self.index.search_context(key, vectors[row], s.top_k, now)
+            if entry.namespace == namespace  # a hash names a group, it proves nothing
+        ]
+        if not near:
+            return None
+        limit = max(self.verifier.retrieval_floor, max(n[0] for n in near) - s.judge_margin)
+        unknown = self._unknown(text)
+        pairs: list[tuple[str, str, float]] = []
+        judged: list[tuple[float, Entry]] = []
+        for sim, entry, i in sorted(near, key=lambda n: -n[0]):
+            if not sim >= limit:  # NaN too
+                continue
+            theirs = clauses(entry.text)
+            # Only where the two differ in that clause alone, word for word: the pair the
+            # whole-text search judges them by (`_match`), not a hash's say-so.
+            if len(theirs) != len(parts) or differing_clauses(text, entry.text) != (
+                parts[i],
+                theirs[i],
+            ):
+                continue
+            if self._unknown(entry.text) != unknown:
+                continue
+            pairs.append((parts[i], theirs[i], sim))
+            judged.append((sim, entry))
+        top, chosen = -1.0, None
+        for (sim, entry), p in zip(judged, self.verifier.pair_probabilities(pairs), strict=True):
+            if p >= self._verifier_threshold and p > top:
+                top, chosen = p, (sim, entry)
+        if chosen is None:
+            return None
+        self.context_hits += 1
+        return self._hit(*chosen, None)
+
+    def _hit(self, sim: float, entry: Entry, vector: np.ndarray | None) -> SemanticLookup:
         self.index.touch(entry.entry_id)
         hit = SemanticHit(entry.entry_id, sim, entry.response, entry.text)
         return SemanticLookup("hit", hit, similarity=sim, vector=vector)
@@ -432,21 +551,29 @@ class SemanticCache:
         ttl = s.ttl_s if ttl_s is None else ttl_s
         now = self._clock()
         entry_id = entry_id_for(namespace, text)
+        # The groups of shared context it joins, with its own clause's vector in each: a later
+        # question differing from it in that clause alone is judged without embedding the
+        # whole of it (`context_index`). Two short embeddings more, after the response.
+        parts = clauses(text) if self.verifier is not None and s.context_groups else []
+        groups = context_keys(namespace, parts)
+        texts = ([] if vector is not None else [text]) + [parts[i] for i, _ in groups]
 
         def add(vectors: np.ndarray | None) -> Entry | str:
             """The entry stored, or why it was refused."""
-            vec = vector if vectors is None else vectors[0]
+            own = vectors[len(vectors) - len(groups) :] if vectors is not None else None
+            vec = vector if vector is not None else vectors[0] if vectors is not None else None
             assert vec is not None
             if self._over_length(text):
                 return "too_long"
             # copy: a row view would keep the whole batch array alive as long as the entry
             entry = Entry(entry_id, namespace, text, vec.copy(), response, now + ttl)
-            return entry if self.index.add(entry, now) else "too_big"
+            contexts = (
+                [(key, own[j]) for j, (_, key) in enumerate(groups)] if own is not None else []
+            )
+            return entry if self.index.add(entry, now, contexts) else "too_big"
 
         try:
-            entry = await self.worker.submit(
-                [] if vector is not None else [text], add, wait_s=wait_s
-            )
+            entry = await self.worker.submit(texts, add, wait_s=wait_s)
         except EmbedderBusy:
             return self._refuse("busy")
         except JobFailed:  # logged on the worker thread
@@ -541,4 +668,5 @@ class SemanticCache:
             "embedded": self.worker.embedded,
             "memo_hits": self.worker.memo_hits,
             "warmed": self.worker.warmed,
+            "context_hits": self.context_hits,
         }

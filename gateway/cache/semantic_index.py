@@ -3,15 +3,12 @@
 Not thread-safe on purpose: one thread (the embedding worker) owns it, so searches never race
 with inserts or evictions and no lock sits on the request path.
 
-Each namespace keeps its vectors in one contiguous float32 matrix that FAISS searches exactly
-(`faiss.knn`, inner product = cosine on unit vectors). Owning the matrix instead of using an
-`IndexIDMap(IndexFlatIP)` makes a delete an O(dim) swap with the last row, where `remove_ids`
-rewrites the whole index: TTL expiry and LRU eviction happen on every insert once the cache is
-full, so deletes must be cheap.
+Each namespace keeps its vectors in one contiguous matrix (`vector_rows`): TTL expiry and LRU
+eviction happen on every insert once the cache is full, so deletes must be cheap.
 
 Every byte is counted against `max_bytes`: entries (text, response, bookkeeping), each
-namespace's matrix at its allocated capacity plus its fixed cost, and the word gate's fixed
-table. Most namespaces hold one entry (every conversation context is its own namespace), so a
+namespace's matrix at its allocated capacity plus its fixed cost, the groups of shared contexts
+(`context_index`) and the word gate's fixed table. Most namespaces hold one entry (every conversation context is its own namespace), so a
 matrix starts at one row and doubles; a namespace disappears with its last entry, and cold
 namespaces empty through LRU eviction.
 """
@@ -20,13 +17,14 @@ from __future__ import annotations
 
 import heapq
 import sys
-import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import faiss
 import numpy as np
 
+from gateway.cache.context_index import ContextIndex, membership_bytes
+from gateway.cache.vector_rows import ROWS_OVERHEAD, VectorRows
 from gateway.cache.word_gate import WordGate, slots_for
 from gateway.infra.malloc import trim
 
@@ -37,8 +35,6 @@ from gateway.infra.malloc import trim
 _ENTRY_OVERHEAD = 640 + 700
 #: Removals between two trims of the C allocator's free memory (`gateway.infra.malloc`).
 _TRIM_EVERY = 4096
-#: Fixed cost of a namespace: its dict slot, key string, _Space object, id list, array header.
-_SPACE_OVERHEAD = 480
 _NO_VECTOR = np.zeros(0, dtype=np.float32)
 
 
@@ -65,67 +61,6 @@ class Entry:
         )
 
 
-_local = threading.local()
-
-
-def _one_omp_thread() -> None:
-    """OpenMP's thread count is per calling thread: set it on the thread that searches.
-
-    A single exact k=1 search gains little from more threads, and with the other cores busy
-    serving requests, extra OpenMP threads double the latency instead.
-    """
-    if not getattr(_local, "omp_set", False):
-        faiss.omp_set_num_threads(1)
-        _local.omp_set = True
-
-
-class _Space:
-    """The vectors of one namespace, rows 0..n-1 live, ids[i] owns row i."""
-
-    __slots__ = ("ids", "n", "vecs")
-
-    def __init__(self, dim: int) -> None:
-        self.vecs = np.empty((1, dim), dtype=np.float32)
-        self.ids: list[str] = []
-        self.n = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.vecs.nbytes + 8 * len(self.ids) + _SPACE_OVERHEAD
-
-    def add(self, entry_id: str, vector: np.ndarray) -> int:
-        if self.n == len(self.vecs):
-            grown = np.empty((len(self.vecs) * 2, self.vecs.shape[1]), dtype=np.float32)
-            grown[: self.n] = self.vecs[: self.n]
-            self.vecs = grown
-        self.vecs[self.n] = vector
-        self.ids.append(entry_id)
-        self.n += 1
-        return self.n - 1
-
-    def remove(self, row: int) -> str | None:
-        """Delete a row by moving the last row into it; returns the id that moved, if any."""
-        last = self.n - 1
-        moved = None
-        if row != last:
-            self.vecs[row] = self.vecs[last]
-            self.ids[row] = self.ids[last]
-            moved = self.ids[row]
-        self.ids.pop()
-        self.n = last
-        if len(self.vecs) > 1 and self.n <= len(self.vecs) // 4:
-            self.vecs = self.vecs[: len(self.vecs) // 2].copy()  # give memory back
-        return moved
-
-    def search(self, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        _one_omp_thread()
-        k = min(k, self.n)
-        sims, rows = faiss.knn(
-            vector.reshape(1, -1), self.vecs[: self.n], k, metric=faiss.METRIC_INNER_PRODUCT
-        )
-        return sims[0], rows[0]
-
-
 class SemanticIndex:
     """Entries by namespace, bounded by count and bytes (least recently used go first)."""
 
@@ -135,10 +70,11 @@ class SemanticIndex:
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # LRU order, oldest first
         self._rows: dict[str, int] = {}
-        self._spaces: dict[str, _Space] = {}
+        self._spaces: dict[str, VectorRows] = {}
         self._expiry: list[tuple[float, str]] = []
         # Fixed size, counted once: which namespaces hold which content words (`unrelated`).
         self.words = WordGate(slots_for(max_entries, max_bytes))
+        self.contexts = ContextIndex(dim)
         self.nbytes = self.words.nbytes
         self._removed = 0
         self.evicted = 0
@@ -169,8 +105,12 @@ class SemanticIndex:
         """Bytes held by the vector matrices (allocated capacity, not only live rows)."""
         return sum(s.vecs.nbytes for s in self._spaces.values())
 
-    def add(self, entry: Entry, now: float) -> bool:
-        """Insert or replace an entry, then enforce TTL and the memory bounds.
+    def add(
+        self, entry: Entry, now: float, contexts: Sequence[tuple[int, np.ndarray]] = ()
+    ) -> bool:
+        """Insert or replace an entry, then enforce TTL and the memory bounds. `contexts`:
+        the groups of shared context it joins, (key, its own clause's vector) each
+        (`context_index`).
 
         False when refused: expired already, a vector of another size, or bigger on its own than
         the whole bound.
@@ -182,13 +122,16 @@ class SemanticIndex:
             entry.entry_id, entry.namespace, entry.text, _NO_VECTOR, entry.response,
             entry.expires_at,
         )  # fmt: skip
-        if stored.nbytes + _SPACE_OVERHEAD + 4 * self.dim * 2 + self.words.nbytes > self.max_bytes:
+        alone = stored.nbytes + ROWS_OVERHEAD + 4 * self.dim * 2 + self.words.nbytes
+        if alone + membership_bytes(len(contexts), self.dim) > self.max_bytes:
+            return False
+        if any(v.shape != (self.dim,) for _, v in contexts):
             return False
         if entry.entry_id in self._entries:
             self.remove(entry.entry_id)
         space = self._spaces.get(entry.namespace)
         if space is None:
-            space = self._spaces[entry.namespace] = _Space(self.dim)
+            space = self._spaces[entry.namespace] = VectorRows(self.dim)
             self.nbytes += space.nbytes
         before = space.nbytes
         self._rows[entry.entry_id] = space.add(entry.entry_id, entry.vector)
@@ -196,6 +139,9 @@ class SemanticIndex:
         self._entries[entry.entry_id] = stored
         self.nbytes += stored.nbytes
         self.words.add(entry.namespace, entry.text)
+        before = self.contexts.nbytes
+        self.contexts.add(entry.entry_id, entry.namespace, contexts)
+        self.nbytes += self.contexts.nbytes - before
         heapq.heappush(self._expiry, (entry.expires_at, entry.entry_id))
         self.expire(now)
         while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
@@ -220,6 +166,9 @@ class SemanticIndex:
             self.nbytes -= before - space.nbytes
         self.nbytes -= entry.nbytes
         self.words.remove(entry.namespace, entry.text)
+        before = self.contexts.nbytes
+        self.contexts.remove(entry_id, entry.namespace)
+        self.nbytes -= before - self.contexts.nbytes
         self._removed += 1
         if self._removed % _TRIM_EVERY == 0:
             trim()  # churn leaves freed pages in the allocator: give them back
@@ -255,6 +204,19 @@ class SemanticIndex:
             for sim, row in zip(sims, rows, strict=True)
             if row >= 0
         ]
+
+    def get(self, entry_id: str, now: float) -> Entry | None:
+        """The live entry of that id, if any."""
+        entry = self._entries.get(entry_id)
+        return entry if entry is not None and entry.expires_at > now else None
+
+    def search_context(
+        self, key: int, vector: np.ndarray, k: int, now: float
+    ) -> list[tuple[float, Entry]]:
+        """Up to k live members of the group of shared context `key`, by the similarity of
+        their own clause to `vector`."""
+        self.expire(now)
+        return [(sim, self._entries[i]) for sim, i in self.contexts.search(key, vector, k)]
 
     def touch(self, entry_id: str) -> None:
         """Mark an entry as just used (LRU)."""

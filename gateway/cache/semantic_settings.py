@@ -62,6 +62,12 @@ class SemanticSettings(BaseModel):
     floor, and judging them was a sixth of a hit's CPU; on the tune split a candidate that far
     below the closest was never the one served (right answers the same with 0.10 as with all
     four; BENCHMARKS.md, semantic cache speed)."""
+    context_groups: bool = True
+    """With the verifier: cached questions of several clauses are grouped by the context they
+    share word for word (all but their first clause, all but their last), and a new question
+    found in a group is judged by its own clause without embedding the whole text
+    (`context_index`; a ~36-token question costs twice its clause). Each such entry keeps two
+    clause vectors more, counted against `max_bytes`, and its store embeds them."""
     guards: GuardSettings = Field(default_factory=GuardSettings)
     """Used by the "guards" matcher only: with the verifier they are among its features, and a
     veto on top of it lowered hits more than false hits on every set measured."""

@@ -422,6 +422,12 @@ class GatewayCollector(Collector):
             texts.add_metric(["memo"], st["memo_hits"])
             texts.add_metric(["warmed"], st["warmed"])
             yield texts
+            yield CounterMetricFamily(
+                "gateway_semantic_context_hits",
+                "Semantic hits judged by the question's own clause, found by the context it "
+                "shares word for word with a cached one, without embedding the whole question.",
+                value=st["context_hits"],
+            )
 
     def _policy(self) -> Iterator[Metric]:
         r = self.reloader

@@ -164,6 +164,8 @@ def test_a_shared_context_does_not_make_different_questions_the_same(gw: Gateway
         seen.append(r.json())  # asked before the first answer was stored: stored too
         assert time.monotonic() < deadline, "the stored entry never became a hit"
         time.sleep(0.05)
+    # Found by the context the two share word for word, judged by the question's clause.
+    assert _metric(gw, "gateway_semantic_context_hits_total") >= 1
     # Other questions after the same long context share most words with it: never served.
     for other in ("Does it support WPA3?", "Is there a guest network?", "How do I set it up?"):
         r = ask(gw, f"{CONTEXT} {other}", **ns)

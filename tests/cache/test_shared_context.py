@@ -141,7 +141,7 @@ def test_clauses_are_embedded_once_outside_the_index_lock() -> None:
     short = "How do I reset my photos on my iPhone safely?"
 
     async def run() -> tuple[list[str], list[int], list[bool]]:
-        cache = SemanticCache(SemanticSettings(vector_memo=0))
+        cache = SemanticCache(SemanticSettings(vector_memo=0, context_groups=False))
         await cache.start()
         free: list[bool] = []  # the index lock was free at each model call
         embed = cache.worker._embed
@@ -206,7 +206,7 @@ def test_an_idle_thread_embeds_the_questions_clauses_beside_it() -> None:
     asked = f"{CONTEXT} How can we make the test suite faster?"
 
     async def run() -> tuple[str, list[tuple[str, list[str]]], int]:
-        cache = SemanticCache(SemanticSettings(workers=2))
+        cache = SemanticCache(SemanticSettings(workers=2, context_groups=False))
         await cache.start()
         calls: list[tuple[str, list[str]]] = []
         embed = cache.worker._embed
@@ -256,7 +256,7 @@ def test_a_stored_texts_clauses_are_embedded_ahead_while_threads_idle() -> None:
     asked = f"{CONTEXT} How can we make the test suite faster?"
 
     async def run() -> tuple[bool, str, int]:
-        cache = SemanticCache(SemanticSettings(workers=2))
+        cache = SemanticCache(SemanticSettings(workers=2, context_groups=False))
         await cache.start()
         try:
             await threads_idle(cache.worker, 2)
@@ -380,4 +380,6 @@ def test_a_question_asked_again_verbatim_is_served_without_judging(matcher: str)
 
     served, embedded, judged = asyncio.run(run())
     assert served == [("hit", text) for text in texts]
-    assert embedded == [1, 1, 1, 1] and judged == 0
+    # The verifier's namespace has groups of shared context: a repeat is found by its id there,
+    # before anything is embedded (`test_context_groups`).
+    assert embedded == ([0, 0, 0, 0] if matcher == "verifier" else [1, 1, 1, 1]) and judged == 0
