@@ -215,12 +215,15 @@ class AsyncEmbedder:
 
     def _take_batch(self, first: _Job) -> tuple[list[_Job], bool]:
         batch, count, stop = [first], len(first.texts), False
-        while count < self.batch_max and first.warmed is None:
+        # A job without texts goes alone, and none joins a batch: its follow-up may ask for
+        # `More`, embedded one job after another on this thread while the other one idled
+        # (a batch of sixteen of them, for it counts no texts: short-question p99 +40%).
+        while count < self.batch_max and first.warmed is None and first.texts:
             try:  # a look at the head without the queue's lock: a hint, like `idle`
                 head = self._queue.queue[0]
             except IndexError:
                 break
-            if head is not None and head.warmed is not None:
+            if head is not None and (head.warmed is not None or not head.texts):
                 break  # left for another thread
             try:
                 job = self._queue.get_nowait()
