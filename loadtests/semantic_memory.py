@@ -12,7 +12,9 @@ conversation (a system prompt of its own) and a question of its own, from 16 cli
 refresh (`Cache-Control: no-cache`: its store waits for the embedder instead of being refused
 when the queue is full); every one is answered upstream, embedded and stored. The gateway's RSS
 (`/metrics`) is read after a warm-up that loads the model and again at the end, with what the
-cache counted.
+cache counted. `--long` adds a sentence of context to each question and asks eight of them in each
+conversation: their entries then keep two clause vectors each for the groups of shared context
+(`gateway/cache/context_index.py`).
 """
 
 from __future__ import annotations
@@ -92,7 +94,12 @@ models:
 """
 
 
-async def _ask_all(base_url: str, first: int, count: int, clients: int) -> None:
+#: `--long`: the question then a sentence of context, so that each entry joins two groups of
+#: shared context (two clause vectors more, counted against max_bytes).
+LONG_TAIL = " I ordered it last week and the tracking page has not changed since Monday."
+
+
+async def _ask_all(base_url: str, first: int, count: int, clients: int, tail: str = "") -> None:
     import aiohttp
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as s:
@@ -100,6 +107,8 @@ async def _ask_all(base_url: str, first: int, count: int, clients: int) -> None:
 
         async def client() -> None:
             nonlocal next_i
+            # --long: eight questions a conversation, so that its entries do join groups
+            per = 8 if tail else 1
             while next_i < first + count:
                 i, next_i = next_i, next_i + 1
                 body = {
@@ -107,8 +116,14 @@ async def _ask_all(base_url: str, first: int, count: int, clients: int) -> None:
                     "temperature": 0,
                     "max_tokens": 8,
                     "messages": [
-                        {"role": "system", "content": f"You help the customer of order {i}."},
-                        {"role": "user", "content": f"Where is my parcel number {i} right now?"},
+                        {
+                            "role": "system",
+                            "content": f"You help the customer of order {i // per}.",
+                        },
+                        {
+                            "role": "user",
+                            "content": f"Where is my parcel number {i} right now?{tail}",
+                        },
                     ],
                 }
                 # A refresh waits for its store: a new conversation has nothing to look up, so
@@ -136,10 +151,11 @@ def run_http(args: argparse.Namespace) -> dict[str, float]:
     with spawn_fleet([{"name": "zero", "profile": "zero-latency"}]) as fleet:
         policy.write_text(HTTP_POLICY.format(url=fleet.url("zero"), max_bytes=args.max_mb << 20))
         with gateway_process(policy, env={"GATEWAY_ACCESS_LOG": "0"}) as gw:
-            asyncio.run(_ask_all(gw, 0, 500, args.clients))  # the model loaded and warm
+            tail = LONG_TAIL if args.long else ""
+            asyncio.run(_ask_all(gw, 0, 500, args.clients, tail))  # the model loaded and warm
             before = metrics_of(gw)
             t0 = time.perf_counter()
-            asyncio.run(_ask_all(gw, 500, args.entries, args.clients))
+            asyncio.run(_ask_all(gw, 500, args.entries, args.clients, tail))
             elapsed = time.perf_counter() - t0
             time.sleep(1.0)  # the last stores land
             after = metrics_of(gw)
@@ -168,6 +184,12 @@ def main() -> None:
     ap.add_argument("--response-bytes", type=int, default=500)
     ap.add_argument("--http", action="store_true", help="through a `gateway serve` process")
     ap.add_argument("--clients", type=int, default=16, help="--http: concurrent clients")
+    ap.add_argument(
+        "--long",
+        action="store_true",
+        help="--http: questions of two clauses, eight a conversation (entries in groups of "
+        "shared context)",
+    )
     args = ap.parse_args()
     out = run_http(args) if args.http else asyncio.run(run(args))
     for k, v in out.items():

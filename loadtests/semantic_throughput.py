@@ -17,7 +17,8 @@ off, vector memo off so every request really embeds its question) and `plain` (n
   ...?" for "How do I ...?"): hits that embed, so that new questions often find an answer and
   `race_rare_hits` no longer races them. With `--burst-paraphrases`, the concurrent clients ask
   new rewordings too, each text once per gateway, so every hit embeds its question and judges its
-  candidates even with the vector memo on.
+  candidates even with the vector memo on (a long one, two sentences sharing the second with the
+  stored ones, embeds its first sentence only: `semantic_cache.context_groups`).
 
 All configurations run at once and are measured in rotating turns (`--rounds`), so the load of
 the shared machine falls on each alike; the figures are medians over rounds.

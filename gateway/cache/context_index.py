@@ -72,6 +72,10 @@ class ContextIndex:
         `SemanticIndex.has_namespace`)."""
         return namespace in self._namespaces
 
+    def grouped(self, entry_id: str) -> bool:
+        """Whether the entry is in a group (a hint from another thread)."""
+        return entry_id in self._keys
+
     def has(self, key: int) -> bool:
         return key in self._groups
 

@@ -551,26 +551,24 @@ class SemanticCache:
         ttl = s.ttl_s if ttl_s is None else ttl_s
         now = self._clock()
         entry_id = entry_id_for(namespace, text)
-        # The groups of shared context it joins, with its own clause's vector in each: a later
-        # question differing from it in that clause alone is judged without embedding the
-        # whole of it (`context_index`). Two short embeddings more, after the response.
-        parts = clauses(text) if self.verifier is not None and s.context_groups else []
-        groups = context_keys(namespace, parts)
-        texts = ([] if vector is not None else [text]) + [parts[i] for i, _ in groups]
+        joining = self._joining(namespace, text, entry_id)
+        texts = ([] if vector is not None else [text]) + [t for _, own, _ in joining for t in own]
 
         def add(vectors: np.ndarray | None) -> Entry | str:
             """The entry stored, or why it was refused."""
-            own = vectors[len(vectors) - len(groups) :] if vectors is not None else None
+            at = 0 if vector is not None else 1
             vec = vector if vector is not None else vectors[0] if vectors is not None else None
             assert vec is not None
             if self._over_length(text):
                 return "too_long"
+            groups = {}
+            for member, _, keys in joining:
+                assert vectors is not None
+                groups[member] = list(zip(keys, vectors[at : at + len(keys)], strict=True))
+                at += len(keys)
             # copy: a row view would keep the whole batch array alive as long as the entry
             entry = Entry(entry_id, namespace, text, vec.copy(), response, now + ttl)
-            contexts = (
-                [(key, own[j]) for j, (_, key) in enumerate(groups)] if own is not None else []
-            )
-            return entry if self.index.add(entry, now, contexts) else "too_big"
+            return entry if self.index.add(entry, now, groups) else "too_big"
 
         try:
             entry = await self.worker.submit(texts, add, wait_s=wait_s)
@@ -607,6 +605,32 @@ class SemanticCache:
         if self.store_backend is not None:
             await self.store_backend.delete(entry_id)
         return removed
+
+    def _joining(
+        self, namespace: str, text: str, entry_id: str
+    ) -> list[tuple[str, list[str], list[int]]]:
+        """The entries a store of `text` brings into groups of shared context (`context_index`),
+        each as (id, its own clauses to embed, the keys of their groups): this one, and with a
+        namespace's second entry its first. A namespace's first entry joins none: most
+        namespaces (a conversation each) never get a second, and its two clause vectors would
+        have doubled an entry of two sentences (4.1 -> 8.9 KB, answer of 500 bytes)."""
+        if self.verifier is None or not self.settings.context_groups:
+            return []
+        if not self.index.has_namespace(namespace):
+            return []
+        lone = self.index.lone(namespace)
+        if lone is not None and lone.entry_id == entry_id:
+            return []  # stored again: still the namespace's only entry
+        members = [(entry_id, text)]
+        if lone is not None and not self.index.contexts.grouped(lone.entry_id):
+            members.append((lone.entry_id, lone.text))
+        out = []
+        for member, member_text in members:
+            parts = clauses(member_text)
+            groups = context_keys(namespace, parts)
+            if groups:
+                out.append((member, [parts[i] for i, _ in groups], [key for _, key in groups]))
+        return out
 
     def _refuse(self, reason: str) -> bool:
         self.refused[reason] = self.refused.get(reason, 0) + 1

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import sys
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +36,7 @@ _ENTRY_OVERHEAD = 640 + 700
 #: Removals between two trims of the C allocator's free memory (`gateway.infra.malloc`).
 _TRIM_EVERY = 4096
 _NO_VECTOR = np.zeros(0, dtype=np.float32)
+_NO_GROUPS: Mapping[str, Sequence[tuple[int, np.ndarray]]] = {}
 
 
 @dataclass(slots=True)
@@ -95,6 +96,15 @@ class SemanticIndex:
         is atomic, and a stale answer only turns one lookup into a miss or an empty search."""
         return namespace in self._spaces
 
+    def lone(self, namespace: str) -> Entry | None:
+        """The namespace's entry when it holds exactly one (a hint from another thread, like
+        `has_namespace`)."""
+        space = self._spaces.get(namespace)
+        try:
+            return self._entries.get(space.ids[0]) if space is not None and space.n == 1 else None
+        except IndexError:  # removed meanwhile
+            return None
+
     def unrelated(self, namespace: str, text: str) -> bool:
         """Whether the namespace holds entries, none of which shares a content word with `text`
         (`WordGate`; safe from another thread like `has_namespace`)."""
@@ -106,11 +116,14 @@ class SemanticIndex:
         return sum(s.vecs.nbytes for s in self._spaces.values())
 
     def add(
-        self, entry: Entry, now: float, contexts: Sequence[tuple[int, np.ndarray]] = ()
+        self,
+        entry: Entry,
+        now: float,
+        groups: Mapping[str, Sequence[tuple[int, np.ndarray]]] = _NO_GROUPS,
     ) -> bool:
-        """Insert or replace an entry, then enforce TTL and the memory bounds. `contexts`:
-        the groups of shared context it joins, (key, its own clause's vector) each
-        (`context_index`).
+        """Insert or replace an entry, then enforce TTL and the memory bounds. `groups`: by
+        entry id, this entry's or another of its namespace's, the groups of shared context it
+        joins, (key, its own clause's vector) each (`context_index`).
 
         False when refused: expired already, a vector of another size, or bigger on its own than
         the whole bound.
@@ -123,9 +136,10 @@ class SemanticIndex:
             entry.expires_at,
         )  # fmt: skip
         alone = stored.nbytes + ROWS_OVERHEAD + 4 * self.dim * 2 + self.words.nbytes
-        if alone + membership_bytes(len(contexts), self.dim) > self.max_bytes:
+        joins = sum(len(g) for g in groups.values())
+        if alone + membership_bytes(joins, self.dim) > self.max_bytes:
             return False
-        if any(v.shape != (self.dim,) for _, v in contexts):
+        if any(v.shape != (self.dim,) for g in groups.values() for _, v in g):
             return False
         if entry.entry_id in self._entries:
             self.remove(entry.entry_id)
@@ -140,7 +154,10 @@ class SemanticIndex:
         self.nbytes += stored.nbytes
         self.words.add(entry.namespace, entry.text)
         before = self.contexts.nbytes
-        self.contexts.add(entry.entry_id, entry.namespace, contexts)
+        for entry_id, joined in groups.items():
+            member = self._entries.get(entry_id)
+            if member is not None and member.namespace == entry.namespace:
+                self.contexts.add(entry_id, entry.namespace, joined)
         self.nbytes += self.contexts.nbytes - before
         heapq.heappush(self._expiry, (entry.expires_at, entry.entry_id))
         self.expire(now)

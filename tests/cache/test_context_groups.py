@@ -191,9 +191,9 @@ def test_every_byte_of_the_groups_is_counted_under_churn() -> None:
         ns = f"ns{i % 7}"
         text = f"Question number {i % 50} here? {TAIL} Context {i % 3} of the pages."
         parts = clauses(text)
-        groups = [(key, unit()) for _, key in context_keys(ns, parts)]
+        joined = [(key, unit()) for _, key in context_keys(ns, parts)]
         entry = Entry(f"id{i % 900}", ns, text, unit(), b"r" * 200, float(i % 40 + 10))
-        index.add(entry, now=float(i % 40), contexts=groups)
+        index.add(entry, now=float(i % 40), groups={entry.entry_id: joined})
         assert index.nbytes <= index.max_bytes
     recount = index.words.nbytes + index.contexts.nbytes
     recount += sum(e.nbytes for e in index._entries.values())
@@ -266,3 +266,32 @@ def test_a_group_key_names_the_shared_clauses() -> None:
     assert context_keys("other", parts)[0][1] != keys[0][1]
     # a context of too few words never dominates: no group for it
     assert [i for i, _ in context_keys("ns", ["Hi there.", "How do I reset my photos?"])] == [0]
+
+
+async def test_a_namespaces_first_entry_joins_its_groups_with_the_second(
+    worker: AsyncEmbedder,
+) -> None:
+    """Most namespaces (a conversation each) hold one entry: it keeps no clause vectors, and
+    costs what it costs without groups; a second entry brings both into their groups."""
+    sizes = {}
+    for groups in (True, False):
+        cache = SemanticCache(SemanticSettings(context_groups=groups), worker=worker)
+        await cache.start()
+        try:
+            base = cache.index.nbytes
+            for i in range(3):
+                assert await cache.store(f"conversation {i}", STORED[3], b"x", wait_s=5)
+            sizes[groups] = cache.index.nbytes - base
+            assert len(cache.index.contexts) == 0
+            if groups:
+                assert await cache.store("conversation 0", STORED[2], b"y", wait_s=5)
+                assert len(cache.index.contexts) == 4  # both, first clause and last
+                assert cache.index.contexts.has_namespace("conversation 0")
+                assert not cache.index.contexts.has_namespace("conversation 1")
+                model = watch_model(cache)
+                found = await cache.lookup("conversation 0", ASKED[3])
+                assert found.outcome == "hit" and cache.context_hits == 1
+                assert ASKED[3] not in model
+        finally:
+            await cache.aclose()
+    assert sizes[True] == sizes[False]
