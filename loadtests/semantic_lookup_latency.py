@@ -1,6 +1,6 @@
 """One lookup at a time, in-process: how long a first rewording of a stored question takes.
 
-    python -m loadtests.semantic_lookup_latency [--questions 60] [--pause-ms 50]
+    python -m loadtests.semantic_lookup_latency [--questions 60] [--pause-ms 50] [--ab]
 
 A `SemanticCache` at the default settings (two embedding threads, the vector memo on) stores
 the 128 questions of `semantic_throughput` one at a time (as a gateway stores misses, with its
@@ -9,6 +9,8 @@ them, one at a time with a pause between (a lone client), each rewording of anot
 question: the first paraphrase of a stored question, which the HTTP benchmark's one-client
 phase rarely sees (its rewordings reuse what earlier ones embedded). Prints the p50 / p90 of the
 lookups and their outcomes, for short and long (two-sentence) questions. No HTTP, no Redis.
+`--ab`: each also with `context_groups: false` (the whole text embedded for every lookup), the
+two alternating.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from gateway.cache.semantic_settings import SemanticSettings
 from loadtests.semantic_throughput import paraphrases, questions
 
 
-async def run(long: bool, count: int, pause_s: float) -> tuple[list[float], dict[str, int]]:
-    cache = SemanticCache(SemanticSettings())
+async def run(
+    long: bool, count: int, pause_s: float, groups: bool = True
+) -> tuple[list[float], dict[str, int]]:
+    cache = SemanticCache(SemanticSettings(context_groups=groups))
     await cache.start()
     try:
         stored = questions(128, long)
@@ -52,15 +56,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--questions", type=int, default=60, help="rewordings asked, one each")
     ap.add_argument("--pause-ms", type=float, default=50.0, help="between two lookups")
+    ap.add_argument("--ab", action="store_true", help="each also without context groups")
     args = ap.parse_args()
     for long in (False, True):
-        times, outcomes = asyncio.run(run(long, args.questions, args.pause_ms / 1e3))
-        p90 = sorted(times)[int(0.9 * (len(times) - 1))]
-        print(
-            f"{'long' if long else 'short'}: lookup p50 {statistics.median(times):.2f} ms, "
-            f"p90 {p90:.2f} ms, outcomes {outcomes}",
-            flush=True,
-        )
+        for groups in (True, False) if args.ab else (True,):
+            times, outcomes = asyncio.run(run(long, args.questions, args.pause_ms / 1e3, groups))
+            p90 = sorted(times)[int(0.9 * (len(times) - 1))]
+            print(
+                f"{'long' if long else 'short'}{'' if groups else ' (no context groups)'}: "
+                f"lookup p50 {statistics.median(times):.2f} ms, p90 {p90:.2f} ms, "
+                f"outcomes {outcomes}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
