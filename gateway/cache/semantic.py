@@ -435,7 +435,7 @@ class SemanticCache:
         limit = max(self.verifier.retrieval_floor, max(n[0] for n in near) - s.judge_margin)
         unknown = self._unknown(text)
         pairs: list[tuple[str, str, float]] = []
-        judged: list[tuple[float, Entry]] = []
+        judged: list[Entry] = []
         for sim, entry, i in sorted(near, key=lambda n: -n[0]):
             if not sim >= limit:  # NaN too
                 continue
@@ -450,15 +450,26 @@ class SemanticCache:
             if self._unknown(entry.text) != unknown:
                 continue
             pairs.append((parts[i], theirs[i], sim))
-            judged.append((sim, entry))
-        top, chosen = -1.0, None
-        for (sim, entry), p in zip(judged, self.verifier.pair_probabilities(pairs), strict=True):
-            if p >= self._verifier_threshold and p > top:
-                top, chosen = p, (sim, entry)
+            judged.append(entry)
+        chosen = self._most_probable(pairs, judged)
         if chosen is None:
             return None
         self.context_hits += 1
         return self._hit(*chosen, None)
+
+    def _most_probable(
+        self, pairs: list[tuple[str, str, float]], entries: list[Entry]
+    ) -> tuple[float, Entry] | None:
+        """The entry whose pair (question, its text or clause, cosine) the verifier finds most
+        probable, at or above the threshold, with that pair's cosine: the similarity a hit
+        reports is that of the texts judged (the clauses, where a shared context decided)."""
+        assert self.verifier is not None
+        top, chosen = -1.0, None
+        probabilities = self.verifier.pair_probabilities(pairs)
+        for (_, _, cosine), entry, p in zip(pairs, entries, probabilities, strict=True):
+            if p >= self._verifier_threshold and p > top:
+                top, chosen = p, (cosine, entry)
+        return chosen
 
     def _hit(self, sim: float, entry: Entry, vector: np.ndarray | None) -> SemanticLookup:
         self.index.touch(entry.entry_id)
@@ -472,8 +483,8 @@ class SemanticCache:
         assert self.verifier is not None
         floor = self.verifier.retrieval_floor
         pairs: list[tuple[str, str, float]] = []
-        judged_at: list[int] = []
-        for i, (sim, entry, differing) in enumerate(judged.candidates):
+        entries: list[Entry] = []
+        for sim, entry, differing in judged.candidates:
             if differing is None:
                 pairs.append((judged.text, entry.text, sim))
             elif not all(differing) or not cosines[differing] >= floor:  # NaN too
@@ -484,12 +495,8 @@ class SemanticCache:
                 # different questions after one long preamble through, and refused most
                 # rewordings (the model knows short questions).
                 pairs.append((*differing, cosines[differing]))
-            judged_at.append(i)
-        top, chosen = -1.0, None
-        for i, p in zip(judged_at, self.verifier.pair_probabilities(pairs), strict=True):
-            sim, entry, _ = judged.candidates[i]
-            if p >= self._verifier_threshold and p > top:
-                top, chosen = p, (sim, entry)
+            entries.append(entry)
+        chosen = self._most_probable(pairs, entries)
         if chosen is None:
             return SemanticLookup(
                 "rejected", reason="verifier", similarity=judged.best, vector=judged.vector
