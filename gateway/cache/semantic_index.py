@@ -7,10 +7,10 @@ Each namespace keeps its vectors in one contiguous matrix (`vector_rows`): TTL e
 eviction happen on every insert once the cache is full, so deletes must be cheap.
 
 Every byte is counted against `max_bytes`: entries (text, response, bookkeeping), each
-namespace's matrix at its allocated capacity plus its fixed cost, the groups of shared contexts
-(`context_index`) and the word gate's fixed table. Most namespaces hold one entry (every conversation context is its own namespace), so a
-matrix starts at one row and doubles; a namespace disappears with its last entry, and cold
-namespaces empty through LRU eviction.
+namespace's matrix at its allocated capacity plus its fixed cost, the groups of shared context
+(`context_index`) and the word gate's fixed table. Most namespaces hold one entry (every
+conversation context is its own namespace), so a matrix starts at one row and doubles; a
+namespace disappears with its last entry, and cold namespaces empty through LRU eviction.
 """
 
 from __future__ import annotations
