@@ -35,7 +35,7 @@ from gateway.cache.embedder import make_embedders
 from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
 from gateway.cache.semantic_store import RedisSemanticStore, entry_id_for
-from gateway.cache.shared_context import clauses, differing_clauses
+from gateway.cache.shared_context import clauses, differing_clauses, has_clauses
 from gateway.cache.verifier import Verifier, default_verifier
 from gateway.infra.hub import RedisHub
 from gateway.infra.redis_client import AnyRedis
@@ -274,6 +274,7 @@ class SemanticCache:
             and threshold is None
             and s.threshold is None
             and self.index.contexts.has_namespace(namespace)
+            and has_clauses(text)
         )
 
         def search_with(ahead: threading.Event | None) -> Callable[[Vectors], Found]:

@@ -68,6 +68,17 @@ def differing_clauses(a: str, b: str) -> tuple[str, str] | None:
     return _text(wa[sa:ea]), _text(wb[sb:eb])
 
 
+# A clause ending before the text does: what `clauses` splits at, found by one scan in C.
+_INNER_END = re.compile(r"[.?!;:]['\")\]]*\s+\S|\n\s*\S")
+
+
+def has_clauses(text: str) -> bool:
+    """False when `text` is one clause (then `clauses` gives nothing): a microsecond's check
+    before a lookup, where working the clauses out on the event loop cost 6-15% of the hits/s
+    of verbatim repeats. True may still be one clause of too few words."""
+    return _INNER_END.search(text) is not None
+
+
 def clauses(text: str) -> list[str]:
     """Each clause of `text` as `differing_clauses` writes it, when the text has several and
     enough words to share a dominant context: what a pair differing in one clause would judge

@@ -380,6 +380,35 @@ def test_a_question_asked_again_verbatim_is_served_without_judging(matcher: str)
 
     served, embedded, judged = asyncio.run(run())
     assert served == [("hit", text) for text in texts]
-    # The verifier's namespace has groups of shared context: a repeat is found by its id there,
-    # before anything is embedded (`test_context_groups`).
-    assert embedded == ([0, 0, 0, 0] if matcher == "verifier" else [1, 1, 1, 1]) and judged == 0
+    # The verifier's namespace has groups of shared context: a repeat of several clauses is
+    # found by its id there, before anything is embedded (`test_context_groups`); one of a
+    # single clause takes the whole-text search.
+    assert embedded == ([0, 0, 0, 1] if matcher == "verifier" else [1, 1, 1, 1]) and judged == 0
+
+
+def test_a_text_of_one_clause_is_told_without_working_its_clauses_out() -> None:
+    """`has_clauses` (one regex scan, before a lookup) is False only for texts `clauses` finds
+    one clause in: over every written question and edge cases of punctuation and line breaks."""
+    from pathlib import Path
+
+    from gateway.cache.shared_context import has_clauses
+
+    texts = [
+        cell
+        for path in sorted(Path("loadtests/data/written").glob("*.tsv"))
+        for line in path.read_text().splitlines()
+        for cell in line.split("\t")
+    ]
+    texts += [
+        "Is it safe?",
+        "How do I reset my photos on my iPhone safely? I tried the settings menu.",
+        "Product sheet\n- model X200 router\n- four LAN ports\nIs there a guest network?",
+        "A list (see the note.) and then six more words here",
+        "one two three four five six seven.\n",
+        "\nleading break, then one clause of many words here",
+        "e.g. this one: it has a colon inside and more words",
+    ]
+    assert sum(has_clauses(t) for t in texts) >= 4
+    assert all(has_clauses(t) for t in texts if clauses(t)), [
+        t for t in texts if clauses(t) and not has_clauses(t)
+    ]
