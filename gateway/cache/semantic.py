@@ -559,24 +559,33 @@ class SemanticCache:
         ttl = s.ttl_s if ttl_s is None else ttl_s
         now = self._clock()
         entry_id = entry_id_for(namespace, text)
-        joining = self._joining(namespace, text, entry_id)
-        texts = ([] if vector is not None else [text]) + [t for _, own, _ in joining for t in own]
+        texts = [] if vector is not None else [text]
 
-        def add(vectors: np.ndarray | None) -> Entry | str:
-            """The entry stored, or why it was refused."""
-            at = 0 if vector is not None else 1
+        def add(vectors: Vectors) -> Entry | str | More:
+            """The entry stored, or why it was refused; its groups of shared context next."""
             vec = vector if vector is not None else vectors[0] if vectors is not None else None
             assert vec is not None
             if self._over_length(text):
                 return "too_long"
-            groups = {}
-            for member, _, keys in joining:
-                assert vectors is not None
-                groups[member] = list(zip(keys, vectors[at : at + len(keys)], strict=True))
-                at += len(keys)
             # copy: a row view would keep the whole batch array alive as long as the entry
             entry = Entry(entry_id, namespace, text, vec.copy(), response, now + ttl)
-            return entry if self.index.add(entry, now, groups) else "too_big"
+            if not self.index.add(entry, now):
+                return "too_big"
+            joining = self._joining(entry)
+            if not joining:
+                return entry
+
+            def join(own: Vectors) -> Entry:
+                assert own is not None
+                groups, at = {}, 0
+                for member, keys, _ in joining:
+                    groups[member] = list(zip(keys, own[at : at + len(keys)], strict=True))
+                    at += len(keys)
+                self.index.join(groups)
+                return entry
+
+            # their clauses embedded outside the index lock, then joined under it
+            return More([t for _, _, own in joining for t in own], join)
 
         try:
             entry = await self.worker.submit(texts, add, wait_s=wait_s)
@@ -589,6 +598,7 @@ class SemanticCache:
             return self._refuse("error")
         if isinstance(entry, str):
             return self._refuse(entry)
+        assert isinstance(entry, Entry)  # the worker follows every `More`
         self.stored += 1
         if self.verifier is not None and self.worker.can_warm(min_idle=1):
             # A later question sharing this one's context is judged on the clause they differ
@@ -614,30 +624,29 @@ class SemanticCache:
             await self.store_backend.delete(entry_id)
         return removed
 
-    def _joining(
-        self, namespace: str, text: str, entry_id: str
-    ) -> list[tuple[str, list[str], list[int]]]:
-        """The entries a store of `text` brings into groups of shared context (`context_index`),
-        each as (id, its own clauses to embed, the keys of their groups): this one, and with a
-        namespace's second entry its first. A namespace's first entry joins none: most
-        namespaces (a conversation each) never get a second, and its two clause vectors would
-        have doubled an entry of two sentences (4.1 -> 8.9 KB, answer of 500 bytes)."""
+    def _joining(self, entry: Entry) -> list[tuple[str, list[int], list[str]]]:
+        """Under the index lock, just after `entry` was added: the entries that now join groups
+        of shared context (`context_index`), each as (id, the keys of its groups, its own
+        clauses there, to embed). A namespace's first entry joins none: most namespaces (a
+        conversation each) never get a second, and two clause vectors would have doubled an
+        entry of two sentences (4.1 -> 8.9 KB with an answer of 500 bytes). The second brings
+        the first in; every later one joins as it comes."""
         if self.verifier is None or not self.settings.context_groups:
             return []
-        if not self.index.has_namespace(namespace):
+        pair = self.index.entries_of(entry.namespace, most=2)
+        if len(pair) == 1:
             return []
-        lone = self.index.lone(namespace)
-        if lone is not None and lone.entry_id == entry_id:
-            return []  # stored again: still the namespace's only entry
-        members = [(entry_id, text)]
-        if lone is not None and not self.index.contexts.grouped(lone.entry_id):
-            members.append((lone.entry_id, lone.text))
+        members = [entry] + [e for e in pair if e.entry_id != entry.entry_id]
         out = []
-        for member, member_text in members:
-            parts = clauses(member_text)
-            groups = context_keys(namespace, parts)
+        for member in members:
+            if self.index.contexts.grouped(member.entry_id):
+                continue
+            parts = clauses(member.text)
+            groups = context_keys(member.namespace, parts)
             if groups:
-                out.append((member, [parts[i] for i, _ in groups], [key for _, key in groups]))
+                out.append(
+                    (member.entry_id, [key for _, key in groups], [parts[i] for i, _ in groups])
+                )
         return out
 
     def _refuse(self, reason: str) -> bool:

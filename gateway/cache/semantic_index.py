@@ -36,7 +36,6 @@ _ENTRY_OVERHEAD = 640 + 700
 #: Removals between two trims of the C allocator's free memory (`gateway.infra.malloc`).
 _TRIM_EVERY = 4096
 _NO_VECTOR = np.zeros(0, dtype=np.float32)
-_NO_GROUPS: Mapping[str, Sequence[tuple[int, np.ndarray]]] = {}
 
 
 @dataclass(slots=True)
@@ -96,14 +95,12 @@ class SemanticIndex:
         is atomic, and a stale answer only turns one lookup into a miss or an empty search."""
         return namespace in self._spaces
 
-    def lone(self, namespace: str) -> Entry | None:
-        """The namespace's entry when it holds exactly one (a hint from another thread, like
-        `has_namespace`)."""
+    def entries_of(self, namespace: str, most: int) -> list[Entry]:
+        """The namespace's entries when it holds at most `most` of them, else []."""
         space = self._spaces.get(namespace)
-        try:
-            return self._entries.get(space.ids[0]) if space is not None and space.n == 1 else None
-        except IndexError:  # removed meanwhile
-            return None
+        if space is None or space.n > most:
+            return []
+        return [self._entries[i] for i in space.ids]
 
     def unrelated(self, namespace: str, text: str) -> bool:
         """Whether the namespace holds entries, none of which shares a content word with `text`
@@ -115,15 +112,8 @@ class SemanticIndex:
         """Bytes held by the vector matrices (allocated capacity, not only live rows)."""
         return sum(s.vecs.nbytes for s in self._spaces.values())
 
-    def add(
-        self,
-        entry: Entry,
-        now: float,
-        groups: Mapping[str, Sequence[tuple[int, np.ndarray]]] = _NO_GROUPS,
-    ) -> bool:
-        """Insert or replace an entry, then enforce TTL and the memory bounds. `groups`: by
-        entry id, this entry's or another of its namespace's, the groups of shared context it
-        joins, (key, its own clause's vector) each (`context_index`).
+    def add(self, entry: Entry, now: float) -> bool:
+        """Insert or replace an entry, then enforce TTL and the memory bounds.
 
         False when refused: expired already, a vector of another size, or bigger on its own than
         the whole bound.
@@ -136,11 +126,8 @@ class SemanticIndex:
             entry.expires_at,
         )  # fmt: skip
         alone = stored.nbytes + ROWS_OVERHEAD + 4 * self.dim * 2 + self.words.nbytes
-        joins = sum(len(g) for g in groups.values())
-        if alone + membership_bytes(joins, self.dim) > self.max_bytes:
-            return False
-        if any(v.shape != (self.dim,) for g in groups.values() for _, v in g):
-            return False
+        if alone + membership_bytes(2, self.dim) > self.max_bytes:
+            return False  # nor could it join its groups
         if entry.entry_id in self._entries:
             self.remove(entry.entry_id)
         space = self._spaces.get(entry.namespace)
@@ -153,18 +140,27 @@ class SemanticIndex:
         self._entries[entry.entry_id] = stored
         self.nbytes += stored.nbytes
         self.words.add(entry.namespace, entry.text)
-        before = self.contexts.nbytes
-        for entry_id, joined in groups.items():
-            member = self._entries.get(entry_id)
-            if member is not None and member.namespace == entry.namespace:
-                self.contexts.add(entry_id, entry.namespace, joined)
-        self.nbytes += self.contexts.nbytes - before
         heapq.heappush(self._expiry, (entry.expires_at, entry.entry_id))
         self.expire(now)
+        self._bound()
+        return entry.entry_id in self._entries
+
+    def join(self, groups: Mapping[str, Sequence[tuple[int, np.ndarray]]]) -> None:
+        """Put entries in groups of shared context: by entry id, (group key, the entry's own
+        clause's vector) for each group it joins (`context_index`); then enforce the bounds.
+        An entry gone meanwhile, or a vector of another size, joins nothing."""
+        before = self.contexts.nbytes
+        for entry_id, joined in groups.items():
+            entry = self._entries.get(entry_id)
+            if entry is not None and all(v.shape == (self.dim,) for _, v in joined):
+                self.contexts.add(entry_id, entry.namespace, joined)
+        self.nbytes += self.contexts.nbytes - before
+        self._bound()
+
+    def _bound(self) -> None:
         while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
             self.remove(next(iter(self._entries)))
             self.evicted += 1
-        return entry.entry_id in self._entries
 
     def remove(self, entry_id: str) -> bool:
         entry = self._entries.pop(entry_id, None)

@@ -4,6 +4,7 @@ search gives. Real model, real FAISS, real Redis for the replica case."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import Iterator
@@ -193,7 +194,8 @@ def test_every_byte_of_the_groups_is_counted_under_churn() -> None:
         parts = clauses(text)
         joined = [(key, unit()) for _, key in context_keys(ns, parts)]
         entry = Entry(f"id{i % 900}", ns, text, unit(), b"r" * 200, float(i % 40 + 10))
-        index.add(entry, now=float(i % 40), groups={entry.entry_id: joined})
+        if index.add(entry, now=float(i % 40)):
+            index.join({entry.entry_id: joined})
         assert index.nbytes <= index.max_bytes
     recount = index.words.nbytes + index.contexts.nbytes
     recount += sum(e.nbytes for e in index._entries.values())
@@ -295,3 +297,17 @@ async def test_a_namespaces_first_entry_joins_its_groups_with_the_second(
         finally:
             await cache.aclose()
     assert sizes[True] == sizes[False]
+
+
+async def test_stores_at_once_into_a_new_namespace_all_join(worker: AsyncEmbedder) -> None:
+    """Who joins is decided under the index lock, store by store: sixteen stores at once into a
+    new namespace leave none of its entries out of its groups."""
+    cache = SemanticCache(SemanticSettings(), worker=worker)
+    await cache.start()
+    try:
+        texts = [f"How do I back up photo album {i} on my iPhone safely?{TAIL}" for i in range(16)]
+        done = await asyncio.gather(*(cache.store("ns", t, b"x", wait_s=5) for t in texts))
+        assert all(done) and len(cache.index) == 16
+        assert len(cache.index.contexts) == 32  # each: its first clause's group and its last's
+    finally:
+        await cache.aclose()
