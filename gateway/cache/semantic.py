@@ -600,13 +600,12 @@ class SemanticCache:
             return self._refuse(entry)
         assert isinstance(entry, Entry)  # the worker follows every `More`
         self.stored += 1
-        if self.verifier is not None and self.worker.can_warm(min_idle=1):
-            # A later question sharing this one's context is judged on the clause they differ
-            # in, this side's from the memo: embedded now, on a thread that would idle, not
-            # after that question's search (a long rewording's first hit: ~2-3 ms less). One
-            # idle thread is enough: no job of this request's waits beside it (the store's own
-            # thread may not count as idle yet).
-            self.worker.warm(clauses(text)[-_WARM_CLAUSES:], min_idle=1)
+        # A later question sharing this one's context is judged on the clause they differ in,
+        # this side's from the memo: embedded now, on a thread that would idle, not after that
+        # question's search (a long rewording's first hit: ~2-3 ms less). One idle thread is
+        # enough: no job of this request's waits beside it (the store's own thread may not
+        # count as idle yet).
+        self._warm_clauses(text, min_idle=1)
         if self.store_backend is not None and self.store_backend.available():
             # Persist in the background: a slow or dead Redis must not delay the response.
             task = asyncio.create_task(self.store_backend.put(entry, ttl))
@@ -633,9 +632,9 @@ class SemanticCache:
         the first in; every later one joins as it comes."""
         if self.verifier is None or not self.settings.context_groups:
             return []
-        pair = self.index.entries_of(entry.namespace, most=2)
+        pair = self.index.entries_of(entry.namespace, most=2)  # [] past two: this one alone
         if len(pair) == 1:
-            return []
+            return []  # the namespace's first
         members = [entry] + [e for e in pair if e.entry_id != entry.entry_id]
         out = []
         for member in members:

@@ -66,8 +66,9 @@ class SemanticSettings(BaseModel):
     """With the verifier: cached questions of several clauses are grouped by the context they
     share word for word (all but their first clause, all but their last), and a new question
     found in a group is judged by its own clause without embedding the whole text
-    (`context_index`; a ~36-token question costs twice its clause). Each such entry keeps two
-    clause vectors more, counted against `max_bytes`, and its store embeds them."""
+    (`context_index`; a ~36-token question costs twice its clause). Each such entry of a
+    namespace holding two or more keeps two clause vectors more, counted against `max_bytes`,
+    embedded after its store (a namespace's lone entry joins no group)."""
     guards: GuardSettings = Field(default_factory=GuardSettings)
     """Used by the "guards" matcher only: with the verifier they are among its features, and a
     veto on top of it lowered hits more than false hits on every set measured."""
