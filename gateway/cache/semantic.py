@@ -31,7 +31,7 @@ import orjson
 from gateway.cache import guards
 from gateway.cache.async_embedder import AsyncEmbedder, EmbedderBusy, JobFailed, More
 from gateway.cache.context_index import context_keys
-from gateway.cache.embedder import make_embedders
+from gateway.cache.embedder import make_embedders, solo_embedder
 from gateway.cache.semantic_index import Entry, SemanticIndex
 from gateway.cache.semantic_settings import GUARDS_THRESHOLD, GuardSettings, SemanticSettings
 from gateway.cache.semantic_store import RedisSemanticStore, entry_id_for
@@ -174,12 +174,17 @@ class SemanticCache:
         # The vector memo counts against max_bytes too; it is dropped when it would take over a
         # quarter of a small bound.
         memo = s.vector_memo if s.vector_memo * _MEMO_ENTRY_BYTES <= s.max_bytes // 4 else 0
-        self.worker = worker or AsyncEmbedder(
-            make_embedders(s.embedder, s.workers),
-            s.batch_max,
-            s.queue_max,
-            memo,
-        )
+        if worker is None:
+            embedders = make_embedders(s.embedder, s.workers)
+            worker = AsyncEmbedder(
+                embedders,
+                s.batch_max,
+                s.queue_max,
+                memo,
+                solo=solo_embedder(embedders[0], s.solo_cores),
+                solo_cores=s.solo_cores,
+            )
+        self.worker = worker
         self.index = SemanticIndex(
             self.worker.dim, s.max_entries, s.max_bytes - memo * _MEMO_ENTRY_BYTES
         )
@@ -708,5 +713,6 @@ class SemanticCache:
             "embedded": self.worker.embedded,
             "memo_hits": self.worker.memo_hits,
             "warmed": self.worker.warmed,
+            "solo": self.worker.solo_texts,
             "context_hits": self.context_hits,
         }

@@ -415,12 +415,14 @@ class GatewayCollector(Collector):
                 "gateway_semantic_embedding_texts",
                 "Texts the semantic cache asked vectors for: embedded by the model, or found in "
                 "the vector memo; warmed: embedded ahead on an idle thread (a question's "
-                "clauses), counted in model too.",
+                "clauses), counted in model too; solo: embedded on several cores while alone on "
+                "the machine, counted in model too.",
                 labels=["how"],
             )
             texts.add_metric(["model"], st["embedded"])
             texts.add_metric(["memo"], st["memo_hits"])
             texts.add_metric(["warmed"], st["warmed"])
+            texts.add_metric(["solo"], st["solo"])
             yield texts
             yield CounterMetricFamily(
                 "gateway_semantic_context_hits",

@@ -65,9 +65,9 @@ def watch_model(cache: SemanticCache) -> list[str]:
     seen: list[str] = []
     embed = cache.worker._embed
 
-    def watched(texts: list[str], embedder: Any) -> np.ndarray:
+    def watched(texts: list[str], embedder: Any, lone: bool = True) -> np.ndarray:
         seen.extend(t for t in texts if not cache.worker.remembers(t))
-        return embed(texts, embedder)
+        return embed(texts, embedder, lone)
 
     cache.worker._embed = watched  # type: ignore[method-assign]
     return seen
@@ -92,8 +92,13 @@ async def test_the_verdicts_are_those_of_the_whole_text_search(worker: AsyncEmbe
     with_groups, by_context = await verdicts(worker, True)
     without, none = await verdicts(worker, False)
     assert with_groups == without
-    assert [o for o, _ in with_groups] == [
-        "hit", "miss", "rejected", "hit", "rejected", "hit", "rejected", "hit", "rejected",
+    outcomes = [o for o, _ in with_groups]
+    # Another question after the context: its clause's cosine to the stored ones sits at the
+    # retrieval floor, below it (a miss) or just above (refused) by the CPU's int8 kernels
+    # (with or without VNNI: both seen).
+    assert outcomes[1] in ("miss", "rejected")
+    assert outcomes[:1] + outcomes[2:] == [
+        "hit", "rejected", "hit", "rejected", "hit", "rejected", "hit", "rejected",
     ]  # fmt: skip
     assert with_groups[0][1] == STORED[0] and with_groups[3][1] == STORED[3]
     # the three rewordings found by their context; the verbatim one by its id

@@ -146,9 +146,9 @@ def test_clauses_are_embedded_once_outside_the_index_lock() -> None:
         free: list[bool] = []  # the index lock was free at each model call
         embed = cache.worker._embed
 
-        def watched(texts: list[str], embedder: object) -> object:
+        def watched(texts: list[str], embedder: object, lone: bool = True) -> object:
             free.append(not cache.worker._state.locked())
-            return embed(texts, embedder)  # type: ignore[arg-type]
+            return embed(texts, embedder, lone)  # type: ignore[arg-type]
 
         cache.worker._embed = watched  # type: ignore[method-assign,assignment]
         try:
@@ -211,10 +211,10 @@ def test_an_idle_thread_embeds_the_questions_clauses_beside_it() -> None:
         calls: list[tuple[str, list[str]]] = []
         embed = cache.worker._embed
 
-        def watched(texts: list[str], embedder: object) -> object:
+        def watched(texts: list[str], embedder: object, lone: bool = True) -> object:
             fresh = [t for t in texts if not cache.worker.remembers(t)]
             calls.append((threading.current_thread().name, fresh))
-            return embed(texts, embedder)  # type: ignore[arg-type]
+            return embed(texts, embedder, lone)  # type: ignore[arg-type]
 
         try:
             assert await cache.store("ns", stored, b"answer", wait_s=5)

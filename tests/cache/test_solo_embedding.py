@@ -1,0 +1,175 @@
+"""A lone job embedded on several cores (`semantic_cache.solo_cores`): the same vectors, sooner,
+and only while nothing else runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import numpy as np
+import pytest
+
+from gateway.cache.async_embedder import AsyncEmbedder
+from gateway.cache.embedder import OnnxEmbedder, onnx_available, solo_embedder
+from tests.cache.test_shared_context import threads_idle
+
+TEXTS = [
+    "hi",
+    "How do I negotiate a higher salary after receiving a job offer?",
+    "whats the best way to ask for more money once a company already made me an offer",
+    "I tried the settings menu but nothing works. What's the best way to back up my photos on "
+    "my iPhone safely without paying for cloud storage? Any app you would recommend?",
+    "SELECT name FROM users WHERE age < 30 ORDER BY name; -- why is this slow on 10M rows?",
+    " ".join(["a long text of many words"] * 60),  # past the model's 256 tokens: cut the same
+]
+
+
+@pytest.mark.skipif(not onnx_available(), reason="the ONNX embedder is not installed")
+def test_on_several_cores_a_text_gets_the_same_vector_bit_for_bit() -> None:
+    one = OnnxEmbedder()
+    two = one.on_cores(2)
+    assert two.model_id == one.model_id
+    for text in TEXTS:  # one at a time, as a lone job is, and all in one call
+        assert np.array_equal(one.embed([text]), two.embed([text]))
+    assert np.array_equal(one.embed(TEXTS), two.embed(TEXTS))
+
+
+class _Recording:
+    """A model that records each call's texts and sleeps `delay` in it."""
+
+    name = "rec"
+    dim = 384
+    model_id = "rec"
+    concurrent = True
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.calls: list[list[str]] = []
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        time.sleep(self.delay)
+        out = np.zeros((len(texts), 384), dtype=np.float32)
+        out[:, 0] = 1.0
+        return out
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def on_cores(self, cores: int) -> _Recording:
+        return _Recording(self.delay)
+
+
+class _Machine:
+    """Stands in for /proc/loadavg: the runnable threads each look reads, in turn (the last one
+    from then on)."""
+
+    def __init__(self, *readings: int | None) -> None:
+        self.readings = list(readings)
+        self.looks = 0
+
+    def __call__(self) -> int | None:
+        self.looks += 1
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+    def close(self) -> None:
+        pass
+
+
+def _worker(machine: _Machine, delay: float = 0.0) -> tuple[AsyncEmbedder, _Recording, _Recording]:
+    one, solo = _Recording(delay), _Recording(delay)
+    w = AsyncEmbedder([one, one], batch_max=8, queue_max=64, memo=64, solo=solo)  # type: ignore[list-item]
+    assert w._runnable is not None
+    w._runnable.close()
+    w._cores, w._runnable = 2, machine  # type: ignore[assignment]  # a 2-core machine
+    return w, one, solo
+
+
+async def test_a_lone_job_on_an_idle_machine_runs_on_solo() -> None:
+    machine = _Machine(1)  # this thread alone
+    w, one, solo = _worker(machine)
+    try:
+        await w.embed(["a lone question"])
+        assert solo.calls == [["a lone question"]] and one.calls == []
+        assert w.solo_texts == 1 and w.embedded == 1
+    finally:
+        w.close()
+
+
+async def test_the_event_loop_still_running_is_looked_past_once() -> None:
+    # The loop that queued the job is often still running at the first look: the thread gives
+    # up the GIL and looks again.
+    machine = _Machine(2, 1)
+    w, one, solo = _worker(machine)
+    try:
+        await w.embed(["a lone question"])
+        assert solo.calls == [["a lone question"]] and machine.looks == 2
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("readings", [(2, 2), (3, 3), (None,)])
+async def test_another_busy_process_or_no_loadavg_keeps_one_core(
+    readings: tuple[int | None, ...],
+) -> None:
+    w, one, solo = _worker(_Machine(*readings))
+    try:
+        await w.embed(["a question"])
+        assert one.calls == [["a question"]] and solo.calls == [] and w.solo_texts == 0
+    finally:
+        w.close()
+
+
+async def test_a_job_beside_another_runs_on_one_core() -> None:
+    machine = _Machine(1)
+    w, one, solo = _worker(machine, delay=0.05)
+    try:
+        first = asyncio.create_task(w.embed(["first"]))
+        for _ in range(500):  # until a thread has taken it
+            if solo.calls or one.calls:
+                break
+            await asyncio.sleep(0.001)
+        await w.embed(["second"])  # the other thread, while the first one's thread is busy
+        await first
+        assert solo.calls == [["first"]] and one.calls == [["second"]]
+    finally:
+        w.close()
+
+
+async def test_queued_jobs_and_warms_run_on_one_core() -> None:
+    machine = _Machine(1)
+    w, one, solo = _worker(machine, delay=0.01)
+    try:
+        await asyncio.gather(*(w.embed([f"question {i}"]) for i in range(16)))
+        # With jobs waiting, a thread's batch runs on one core: solo only where a job was
+        # the last one left and the other thread idle.
+        assert len(one.calls) >= 1 and sum(map(len, one.calls)) + w.solo_texts == 16
+        await threads_idle(w, 2)
+        solo.calls.clear()
+        done = w.warm(["clause one", "clause two"], min_idle=2)
+        assert done is not None and await asyncio.to_thread(done.wait, 5)
+        assert solo.calls == []  # nobody waits for a warm; a lookup may arrive beside it
+    finally:
+        w.close()
+
+
+def test_solo_only_for_a_model_that_spreads_and_a_machine_with_the_cores() -> None:
+    rec = _Recording()
+    assert solo_embedder(rec, 1) is None  # solo_cores: 1 turns it off
+    assert solo_embedder(object(), 2) is None  # type: ignore[arg-type]  # no on_cores
+    assert solo_embedder(rec, 4096) is None  # more cores than this machine has
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert isinstance(solo_embedder(rec, 2), _Recording)
+
+
+def test_a_thread_reads_the_machines_runnable_threads() -> None:
+    from gateway.cache.async_embedder import _Runnable
+
+    r = _Runnable()
+    try:
+        seen = r()
+        assert seen is None or seen >= 1  # this thread runs
+    finally:
+        r.close()
+    assert r() is None  # closed: no reading, one core
