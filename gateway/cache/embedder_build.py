@@ -17,11 +17,15 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("gateway.cache")
 
 #: Bumped when the recipe below changes, so an old cached file is not reused.
-RECIPE = "dyn-int8-per-channel-1"
+RECIPE = "dyn-int8-per-channel-2"
+
+#: Weights of this size or more are also written beside the built model (`shared_weights`).
+SHARED_MIN_BYTES = 4 << 20
 
 
 def cache_dir() -> Path:
@@ -47,8 +51,10 @@ def _source_digest(source: Path) -> str:
 
 def _build(source: Path, target: Path) -> None:
     """Fold the packaged model's dequantised weights back into float, then quantise dynamically."""
+    import numpy as np
     import onnx
     import onnxruntime as ort
+    from onnx import numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +88,17 @@ def _build(source: Path, target: Path) -> None:
             )
         finally:
             root.setLevel(level)
-        os.replace(out, target)  # atomic: workers starting together each build, one file wins
+        large = {
+            i.name: array
+            for i in onnx.load(str(out)).graph.initializer
+            if (array := numpy_helper.to_array(i)).nbytes >= SHARED_MIN_BYTES
+        }
+        with (Path(tmp) / "weights.npz").open("wb") as f:
+            np.savez(f, **large)  # type: ignore[arg-type]  # (names, not flags)
+        # Atomic, the weights first: workers starting together each build, one file wins, and
+        # a model that is there has its weights beside it.
+        os.replace(Path(tmp) / "weights.npz", weights_path(target))
+        os.replace(out, target)
 
 
 def quantized_model(source: Path) -> Path | None:
@@ -97,6 +113,25 @@ def quantized_model(source: Path) -> Path | None:
     except Exception as exc:  # noqa: BLE001 - any failure leaves the packaged model in use
         log.warning("int8 embedder model not built (%s); using the packaged model", exc)
         return None
+
+
+def weights_path(model: Path) -> Path:
+    return model.with_suffix(".weights.npz")
+
+
+def shared_weights(model: Path) -> dict[str, Any]:
+    """The built model's large weights (the 45 MB word-embedding table), read from beside it,
+    by name: the embedder hands them to each of its sessions, which then share them instead of
+    holding a copy each (`OnnxEmbedder.on_cores`). Empty where they cannot be read (each session
+    then reads its own from the model)."""
+    import numpy as np
+
+    try:
+        with np.load(weights_path(model), allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except Exception as exc:  # noqa: BLE001 - the sessions read their own
+        log.warning("embedder weights beside %s unreadable (%s); not shared", model, exc)
+        return {}
 
 
 if __name__ == "__main__":  # `python -m gateway.cache.embedder_build`: build ahead of start-up

@@ -55,7 +55,8 @@ def test_built_once_then_reused(built: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert calls == [] and built.stat().st_mtime_ns == mtime
     # Its name carries the source's digest, the runtime's version and the recipe.
     assert built.name.startswith("minilm-") and built.suffix == ".onnx"
-    assert list(built.parent.iterdir()) == [built]  # no temporary files left behind
+    # Its large weights beside it, and no temporary files left behind.
+    assert sorted(built.parent.iterdir()) == sorted([built, embedder_build.weights_path(built)])
 
 
 def test_int8_vectors_are_their_own_family_and_close_to_the_packaged_ones(
@@ -163,3 +164,27 @@ def test_a_broken_cached_file_is_not_trusted(
     monkeypatch.setenv("GATEWAY_MODEL_CACHE", str(folder))
     emb = OnnxEmbedder()
     assert emb.embed(["hello"]).shape == (1, 384)
+
+
+def test_the_large_weights_beside_the_model_are_shared_by_its_sessions_and_optional(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("GATEWAY_MODEL_CACHE", str(built.parent))
+    shared = OnnxEmbedder()
+    # The word-embedding table (45 MB), handed to every session of this embedder.
+    assert [a.nbytes > 40 << 20 for a, _ in shared._weights.values()] == [True]
+    alone = shared.on_cores(2)
+    assert alone._weights is shared._weights
+    # Without them beside the model (an older cache, a disk error) each session reads its own
+    # from the model: the same vectors.
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / built.name).write_bytes(built.read_bytes())
+    (folder / embedder_build.weights_path(built).name).write_bytes(b"not an npz")
+    monkeypatch.setenv("GATEWAY_MODEL_CACHE", str(folder))
+    own = OnnxEmbedder()
+    assert own._weights == {} and "not shared" in caplog.text
+    assert own.model_id == MODEL_ID_INT8
+    for text in TEXTS:
+        v = shared.embed([text])
+        assert np.array_equal(v, own.embed([text])) and np.array_equal(v, alone.embed([text]))
