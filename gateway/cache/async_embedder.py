@@ -14,9 +14,10 @@ index read and write; those follow-ups run under one lock, so the index still ha
 at a time while embeddings proceed in parallel. A follow-up that finds it needs more vectors
 returns `More`: the same thread embeds them outside the lock and goes on.
 
-A job that finds no other in flight or waiting, on a machine whose other cores are idle, runs
-on `solo`: the same model spread over several cores (`OnnxEmbedder.on_cores`), the same vectors
-sooner. That is a lone request's case; under load every job runs on one core.
+A job that finds no other in flight or waiting may run on `solo`: the same model spread over
+several cores (`OnnxEmbedder.on_cores`), the same vectors sooner, where `SoloChoice` finds the
+machine's cores free, awake and faster that way. That is a lone request's case; under load every
+job runs on one core.
 
 Vectors of recently embedded texts are kept (`memo` texts, LRU): a question asked again verbatim in
 another conversation, or looked up then stored, is embedded once. `warm` fills the memo ahead, on
@@ -28,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gateway.cache.embedder import Embedder
+from gateway.cache.solo import SoloChoice
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,30 +83,6 @@ class _Job:
     job it runs beside, it would run after it instead): set once its texts are done."""
 
 
-class _Runnable:
-    """Threads runnable on the machine now, this one among them: the fourth field of Linux's
-    /proc/loadavg (~2 us a read). None where it cannot be read."""
-
-    def __init__(self) -> None:
-        try:
-            self._fd: int | None = os.open("/proc/loadavg", os.O_RDONLY)
-        except OSError:
-            self._fd = None
-
-    def __call__(self) -> int | None:
-        if self._fd is None:
-            return None
-        try:
-            return int(os.pread(self._fd, 64, 0).split()[3].split(b"/")[0])
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
 def _failed(exc: BaseException) -> JobFailed:
     failed = JobFailed(f"{type(exc).__name__}: {exc}")
     failed.__cause__ = exc
@@ -133,7 +110,7 @@ class AsyncEmbedder:
         solo: Embedder | None = None,
         solo_cores: int = 2,
     ) -> None:
-        """`solo`: the model on `solo_cores` cores, for a job alone on the machine."""
+        """`solo`: the model on `solo_cores` cores, for a job alone here (`SoloChoice`)."""
         embedders = [embedder] if not isinstance(embedder, Sequence) else list(embedder)
         self.embedders = embedders
         self.embedder = embedders[0]
@@ -152,9 +129,7 @@ class AsyncEmbedder:
         ]
         self._closed = False
         self._solo = solo
-        self._solo_cores = solo_cores
-        self._cores = len(os.sched_getaffinity(0))
-        self._runnable = _Runnable() if solo is not None else None
+        self.solo_choice = SoloChoice(solo_cores) if solo is not None else None
         self.solo_texts = 0
         """Texts embedded on `solo`."""
         # Each thread's own slot, True while it holds a job: written by that thread alone, read
@@ -248,8 +223,8 @@ class AsyncEmbedder:
             self._queue.put(None)
         for t in self._threads:
             t.join(timeout)
-        if self._runnable is not None and not any(t.is_alive() for t in self._threads):
-            self._runnable.close()  # (a thread still running might read a reused fd)
+        if self.solo_choice is not None and not any(t.is_alive() for t in self._threads):
+            self.solo_choice.close()  # (a thread still running might read a reused fd)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
@@ -290,26 +265,14 @@ class AsyncEmbedder:
             finally:
                 self._busy[slot] = False
 
-    def _lone(self, embedder: Embedder) -> Embedder:
-        """`solo` when this thread's job is the only work here (no other thread busy, none
-        queued: hints, read without locks) and the machine has the cores free (its runnable
-        threads, this one counted, leave `solo_cores` idle), else this thread's `embedder`.
-        Checked before each model call: a run on `solo` that another job then joins shares the
-        cores with it for one call at most."""
-        if self._runnable is None or self._busy.count(True) > 1 or self._queue.queue:
-            return embedder
-        free = self._cores - self._solo_cores + 1  # runnable threads that leave the cores
-        running = self._runnable()
-        if running is not None and running > free:
-            # Most often the event loop that queued this job, still running into its wait for
-            # the GIL or for I/O: given the GIL, it is asleep by the second look (measured: 187
-            # of 200 lone lookups, against 11 at the first look alone).
-            time.sleep(0)
-            running = self._runnable()
-        if running is None or running > free:
-            return embedder
-        assert self._solo is not None
-        return self._solo
+    def _pick(self, lone: bool) -> bool | None:
+        """`SoloChoice.pick` for a job alone here (no other thread busy, none queued: hints,
+        read without locks), else None. Checked before each model call: a run on `solo` that
+        another job then joins shares the cores with it for one call at most."""
+        choice = self.solo_choice
+        if not lone or choice is None or self._busy.count(True) > 1 or self._queue.queue:
+            return None
+        return choice.pick()
 
     def _embed(self, texts: list[str], embedder: Embedder, lone: bool = True) -> np.ndarray:
         """Vectors of `texts`, from the memo where possible; on `solo` when `lone` and it is
@@ -326,8 +289,20 @@ class AsyncEmbedder:
                     out[i] = vec
         self.memo_hits += len(texts) - len(todo)
         if todo:
-            chosen = self._lone(embedder) if lone else embedder
-            fresh = chosen.embed([texts[i] for i in todo])
+            picked = self._pick(lone)
+            chosen = self._solo if picked and self._solo is not None else embedder
+            todo_texts = [texts[i] for i in todo]
+            started, done = time.perf_counter(), False
+            try:
+                fresh = chosen.embed(todo_texts)
+                done = True
+            finally:
+                if self.solo_choice is not None:  # a failed call is no sample
+                    self.solo_choice.record(
+                        picked if done else None,
+                        time.perf_counter() - started,
+                        sum(map(len, todo_texts)),
+                    )
             if chosen is not embedder:
                 self.solo_texts += len(todo)
             self.batches += 1

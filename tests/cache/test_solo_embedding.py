@@ -4,6 +4,7 @@ and only while nothing else runs."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 
@@ -12,6 +13,7 @@ import pytest
 
 from gateway.cache.async_embedder import AsyncEmbedder
 from gateway.cache.embedder import OnnxEmbedder, onnx_available, solo_embedder
+from gateway.cache.solo import Runnable, SoloChoice
 from tests.cache.test_shared_context import threads_idle
 
 TEXTS = [
@@ -73,16 +75,14 @@ class _Machine:
         self.looks += 1
         return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
 
-    def close(self) -> None:
-        pass
-
 
 def _worker(machine: _Machine, delay: float = 0.0) -> tuple[AsyncEmbedder, _Recording, _Recording]:
     one, solo = _Recording(delay), _Recording(delay)
     w = AsyncEmbedder([one, one], batch_max=8, queue_max=64, memo=64, solo=solo)  # type: ignore[list-item]
-    assert w._runnable is not None
-    w._runnable.close()
-    w._cores, w._runnable = 2, machine  # type: ignore[assignment]  # a 2-core machine
+    assert w.solo_choice is not None
+    w.solo_choice.close()
+    # A 2-core machine whose cores are always awake (`SoloChoice`'s own tests time that).
+    w.solo_choice = SoloChoice(2, machine_cores=2, warm_s=math.inf, runnable=machine)
     return w, one, solo
 
 
@@ -164,12 +164,63 @@ def test_solo_only_for_a_model_that_spreads_and_a_machine_with_the_cores() -> No
 
 
 def test_a_thread_reads_the_machines_runnable_threads() -> None:
-    from gateway.cache.async_embedder import _Runnable
-
-    r = _Runnable()
+    r = Runnable()
     try:
         seen = r()
         assert seen is None or seen >= 1  # this thread runs
     finally:
         r.close()
     assert r() is None  # closed: no reading, one core
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_solo_only_while_the_cores_are_awake_and_free() -> None:
+    clock, machine = _Clock(), _Machine(1)
+    choice = SoloChoice(2, machine_cores=2, runnable=machine, clock=clock)
+    assert choice.pick() is None  # no model call yet: the cores may be asleep
+    choice.record(None, 0.005, 60)  # a call under load ends: not a sample
+    assert choice.samples == {True: 0, False: 0}
+    clock.now += 0.002
+    assert choice.pick() is True
+    clock.now += 0.010  # idle 10 ms since: the other core asleep (7.7-9 ms a call, measured)
+    assert choice.pick() is None
+    choice.record(None, 0.005, 60)
+    machine.readings = [2, 2]  # another thread stays runnable past the second look
+    assert choice.pick() is None
+    machine.readings = [3, 1]  # the event loop, asleep by the second look
+    assert choice.pick() is True
+    machine.readings = [None]  # no /proc/loadavg: one core
+    assert choice.pick() is None
+
+
+def test_solo_while_faster_one_lone_call_in_sixteen_probing_the_other_way() -> None:
+    clock = _Clock()
+    choice = SoloChoice(2, machine_cores=2, runnable=_Machine(1), clock=clock)
+    choice.record(None, 0.005, 60)
+
+    def run(calls: int, solo_s: float, one_s: float) -> list[bool]:
+        picks = []
+        for _ in range(calls):
+            picked = choice.pick()
+            assert picked is not None
+            picks.append(picked)
+            choice.record(picked, solo_s if picked else one_s, 60)
+        return picks
+
+    picks = run(160, solo_s=0.0038, one_s=0.0049)
+    assert picks.count(False) == 10  # every sixteenth: a probe on one core
+    assert choice.samples == {True: 150, False: 10}
+    # The machine changes (a neighbour on the other core's host thread): solo is now slower,
+    # one core wins once the averages have moved, and every sixteenth call probes solo.
+    picks = run(320, solo_s=0.0090, one_s=0.0049)
+    assert picks[-160:].count(True) == 10
+    # and back
+    picks = run(480, solo_s=0.0038, one_s=0.0049)
+    assert picks[-160:].count(False) == 10
