@@ -16,7 +16,7 @@ returns `More`: the same thread embeds them outside the lock and goes on.
 
 A job that finds no other in flight or waiting may run on `solo`: the same model spread over
 several cores (`OnnxEmbedder.on_cores`), the same vectors sooner, where `SoloChoice` finds the
-machine's cores free, awake and faster that way. That is a lone request's case; under load every
+machine's cores free and has measured that way faster. That is a lone request's case; under load every
 job runs on one core.
 
 Vectors of recently embedded texts are kept (`memo` texts, LRU): a question asked again verbatim in
@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from gateway.cache.embedder import Embedder
-from gateway.cache.solo import SoloChoice
+from gateway.cache.solo import Lone, SoloChoice
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -265,7 +265,7 @@ class AsyncEmbedder:
             finally:
                 self._busy[slot] = False
 
-    def _pick(self, lone: bool) -> bool | None:
+    def _pick(self, lone: bool) -> Lone | None:
         """`SoloChoice.pick` for a job alone here (no other thread busy, none queued: hints,
         read without locks), else None. Checked before each model call: a run on `solo` that
         another job then joins shares the cores with it for one call at most."""
@@ -290,7 +290,7 @@ class AsyncEmbedder:
         self.memo_hits += len(texts) - len(todo)
         if todo:
             picked = self._pick(lone)
-            chosen = self._solo if picked and self._solo is not None else embedder
+            chosen = self._solo if picked and picked.solo and self._solo else embedder
             todo_texts = [texts[i] for i in todo]
             started, done = time.perf_counter(), False
             try:

@@ -2,38 +2,49 @@
 
 With nothing else in flight, a job's model call can run on `cores` cores
 (`OnnxEmbedder.on_cores`): the same vector, sooner, but only where those cores are free and
-awake. Measured on a 2-vCPU VM (BENCHMARKS.md): a 15-token question 3.8 ms instead of 4.9 when
-the machine had worked in the last few milliseconds, 7.7-9 ms after 10 ms or more of idling (the
-other core asleep), and slower than one core while another process kept a core busy. So, for a
-job its `AsyncEmbedder` found alone (no other thread busy, no job waiting), a call goes solo only
-when
+awake. Measured on a 2-vCPU VM (BENCHMARKS.md), a 15-token question alone in a process took
+3.8 ms on two cores instead of 4.9 on one when calls came every 7 ms or sooner, 5.7-9 ms after
+8 ms or more of idling (the other core asleep), and more than one core's time while another
+process kept a core busy. Through HTTP the gateway's and the client's own work kept the cores
+awake longer. No fixed rule fits every machine and traffic, so, for a job its `AsyncEmbedder`
+found alone (no other thread busy, no job waiting), the choice is measured:
 
-- the last model call ended under `warm_s` ago (the cores awake);
-- the machine's runnable threads, this one counted, leave `cores` free (Linux's /proc/loadavg;
-  looked at again after yielding the GIL, which the event loop that queued the job often still
-  wants);
-- and lone calls on `cores` cores have lately been faster than lone calls on one: both timed
-  per character (moving averages), one lone call in `probe_every` going the other way to keep
-  both figures current.
+- the machine's runnable threads, this one counted, must leave `cores` free (Linux's
+  /proc/loadavg; looked at again after yielding the GIL, which the event loop that queued the
+  job often still wants); else one core, and the call is no sample;
+- lone calls are timed per character, apart by how long the embedder had idled before them (a
+  few bands: a core's sleep depends on it), on `cores` cores and on one (moving averages); in
+  each band the two ways take turns for the first sixteen lone calls, then the faster one runs,
+  one lone call in `probe_every` the other way to keep both figures current (the cost of a
+  probe that loses: one call in sixteen).
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
-#: Seconds since the last model call within which the cores count as awake.
-WARM_S = 0.005
 #: One lone call in this many runs the other way (a probe).
 PROBE_EVERY = 16
 #: Weight of a new sample in the moving averages.
 ALPHA = 0.1
-#: Samples of each kind before the averages decide (solo until then).
+#: Samples of each way in a band before its averages decide (the two ways in turn until then).
 MIN_SAMPLES = 8
 #: Fixed cost of a call, in characters, added to its length: a short text is not cheap per
 #: character.
 BASE_CHARS = 40
+#: Upper edges (seconds) of the idle bands: since the last model call ended.
+IDLE_BANDS = (0.002, 0.006, 0.025, 0.1)
+
+
+class Lone(NamedTuple):
+    """A lone call's way (`solo`: on several cores) and its idle band."""
+
+    solo: bool
+    band: int
 
 
 class Runnable:
@@ -60,16 +71,28 @@ class Runnable:
             self._fd = None
 
 
+class _Band:
+    __slots__ = ("lone", "per_char", "samples")
+
+    def __init__(self) -> None:
+        self.lone = 0
+        # Moving averages of seconds per (character + BASE_CHARS), by way (solo or not).
+        self.per_char = {True: 0.0, False: 0.0}
+        self.samples = {True: 0, False: 0}
+
+    def solo_faster(self) -> bool:
+        return self.per_char[True] < self.per_char[False]
+
+
 class SoloChoice:
     """Decides, call by call, whether a lone job's model call runs on `cores` cores; told how
-    long each call took. Used by one thread at a time per call (a hint-level race between the
-    embedder's threads costs one sample, never a wrong vector: both paths compute the same)."""
+    long each call took. The embedder's threads share it without a lock: a race costs a sample
+    at most, never a wrong vector (both ways compute the same)."""
 
     def __init__(
         self,
         cores: int,
         machine_cores: int | None = None,
-        warm_s: float = WARM_S,
         probe_every: int = PROBE_EVERY,
         runnable: Callable[[], int | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -78,21 +101,15 @@ class SoloChoice:
         self.machine_cores = (
             machine_cores if machine_cores is not None else len(os.sched_getaffinity(0))
         )
-        self.warm_s = warm_s
         self.probe_every = probe_every
         self._runnable = runnable if runnable is not None else Runnable()
         self._clock = clock
         self._last_end = -float("inf")
-        self._lone = 0
-        # Moving averages of seconds per (character + BASE_CHARS), and their sample counts.
-        self.per_char = {True: 0.0, False: 0.0}
-        self.samples = {True: 0, False: 0}
+        self.bands = [_Band() for _ in range(len(IDLE_BANDS) + 1)]
 
-    def pick(self) -> bool | None:
-        """For a job found alone: True to run on `cores` cores, False on one (a lone call: its
-        time is a sample), None when the machine is not free or not awake (not a sample)."""
-        if self._clock() - self._last_end > self.warm_s:
-            return None
+    def pick(self) -> Lone | None:
+        """For a job found alone: its way and band (its time is a sample); None when the
+        machine's cores are not free (one core, no sample)."""
         free = self.machine_cores - self.cores + 1  # runnable threads that leave the cores
         running = self._runnable()
         if running is not None and running > free:
@@ -100,27 +117,25 @@ class SoloChoice:
             running = self._runnable()
         if running is None or running > free:
             return None
-        self._lone += 1
-        probe = self._lone % self.probe_every == 0
-        return self._faster() != probe
+        index = bisect.bisect_left(IDLE_BANDS, self._clock() - self._last_end)
+        band = self.bands[index]
+        band.lone += 1
+        if min(band.samples.values()) < MIN_SAMPLES:  # learning: the two ways in turn
+            return Lone(band.lone % 2 == 1, index)
+        probe = band.lone % self.probe_every == 0
+        return Lone(band.solo_faster() != probe, index)
 
-    def _faster(self) -> bool:
-        """Whether solo calls have been faster lately (yes until both kinds have samples)."""
-        if min(self.samples.values()) < MIN_SAMPLES:
-            return True
-        return self.per_char[True] < self.per_char[False]
-
-    def record(self, picked: bool | None, seconds: float, chars: int) -> None:
-        """A model call ended, `picked` as `pick` said (None: not a lone call)."""
+    def record(self, lone: Lone | None, seconds: float, chars: int) -> None:
+        """A model call ended, `lone` as `pick` said (None: not a sample)."""
         self._last_end = self._clock()
-        if picked is None:
+        if lone is None:
             return
+        band = self.bands[lone.band]
         sample = seconds / (chars + BASE_CHARS)
-        n = self.samples[picked]
-        self.per_char[picked] = (
-            sample if n == 0 else (1 - ALPHA) * self.per_char[picked] + (ALPHA * sample)
-        )
-        self.samples[picked] = n + 1
+        n = band.samples[lone.solo]
+        old = band.per_char[lone.solo]
+        band.per_char[lone.solo] = sample if n == 0 else (1 - ALPHA) * old + ALPHA * sample
+        band.samples[lone.solo] = n + 1
 
     def close(self) -> None:
         close = getattr(self._runnable, "close", None)

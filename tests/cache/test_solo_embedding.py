@@ -4,7 +4,6 @@ and only while nothing else runs."""
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import time
 
@@ -13,7 +12,7 @@ import pytest
 
 from gateway.cache.async_embedder import AsyncEmbedder
 from gateway.cache.embedder import OnnxEmbedder, onnx_available, solo_embedder
-from gateway.cache.solo import Runnable, SoloChoice
+from gateway.cache.solo import Lone, Runnable, SoloChoice
 from tests.cache.test_shared_context import threads_idle
 
 TEXTS = [
@@ -81,8 +80,7 @@ def _worker(machine: _Machine, delay: float = 0.0) -> tuple[AsyncEmbedder, _Reco
     w = AsyncEmbedder([one, one], batch_max=8, queue_max=64, memo=64, solo=solo)  # type: ignore[list-item]
     assert w.solo_choice is not None
     w.solo_choice.close()
-    # A 2-core machine whose cores are always awake (`SoloChoice`'s own tests time that).
-    w.solo_choice = SoloChoice(2, machine_cores=2, warm_s=math.inf, runnable=machine)
+    w.solo_choice = SoloChoice(2, machine_cores=2, runnable=machine)  # a 2-core machine
     return w, one, solo
 
 
@@ -181,46 +179,48 @@ class _Clock:
         return self.now
 
 
-def test_solo_only_while_the_cores_are_awake_and_free() -> None:
-    clock, machine = _Clock(), _Machine(1)
-    choice = SoloChoice(2, machine_cores=2, runnable=machine, clock=clock)
-    assert choice.pick() is None  # no model call yet: the cores may be asleep
-    choice.record(None, 0.005, 60)  # a call under load ends: not a sample
-    assert choice.samples == {True: 0, False: 0}
-    clock.now += 0.002
-    assert choice.pick() is True
-    clock.now += 0.010  # idle 10 ms since: the other core asleep (7.7-9 ms a call, measured)
-    assert choice.pick() is None
-    choice.record(None, 0.005, 60)
+def test_several_cores_only_while_the_machines_cores_are_free() -> None:
+    machine = _Machine(1)
+    choice = SoloChoice(2, machine_cores=2, runnable=machine, clock=_Clock())
+    assert choice.pick() == Lone(True, 4)  # no model call before: the longest idle band
     machine.readings = [2, 2]  # another thread stays runnable past the second look
     assert choice.pick() is None
     machine.readings = [3, 1]  # the event loop, asleep by the second look
-    assert choice.pick() is True
+    assert choice.pick() == Lone(False, 4)  # (learning: the two ways in turn)
     machine.readings = [None]  # no /proc/loadavg: one core
     assert choice.pick() is None
+    # On 4 cores, two of them free: another thread may run beside this one.
+    assert SoloChoice(2, machine_cores=4, runnable=_Machine(3, 3)).pick() is not None
+    assert SoloChoice(2, machine_cores=4, runnable=_Machine(4, 4)).pick() is None
 
 
-def test_solo_while_faster_one_lone_call_in_sixteen_probing_the_other_way() -> None:
+def test_the_faster_way_per_idle_band_one_lone_call_in_sixteen_probing_the_other() -> None:
     clock = _Clock()
     choice = SoloChoice(2, machine_cores=2, runnable=_Machine(1), clock=clock)
-    choice.record(None, 0.005, 60)
+    choice.record(None, 0.005, 60)  # a call under load: no sample, but the embedder's last
 
-    def run(calls: int, solo_s: float, one_s: float) -> list[bool]:
-        picks = []
+    def run(calls: int, idle_s: float, solo_s: float, one_s: float) -> list[bool]:
+        ways = []
         for _ in range(calls):
-            picked = choice.pick()
-            assert picked is not None
-            picks.append(picked)
-            choice.record(picked, solo_s if picked else one_s, 60)
-        return picks
+            clock.now += idle_s
+            lone = choice.pick()
+            assert lone is not None
+            ways.append(lone.solo)
+            clock.now += solo_s if lone.solo else one_s
+            choice.record(lone, solo_s if lone.solo else one_s, 60)
+        return ways
 
-    picks = run(160, solo_s=0.0038, one_s=0.0049)
-    assert picks.count(False) == 10  # every sixteenth: a probe on one core
-    assert choice.samples == {True: 150, False: 10}
-    # The machine changes (a neighbour on the other core's host thread): solo is now slower,
-    # one core wins once the averages have moved, and every sixteenth call probes solo.
-    picks = run(320, solo_s=0.0090, one_s=0.0049)
-    assert picks[-160:].count(True) == 10
-    # and back
-    picks = run(480, solo_s=0.0038, one_s=0.0049)
-    assert picks[-160:].count(False) == 10
+    # Calls 1 ms apart: the first sixteen take turns; then two cores, faster (3.8 vs 4.9 ms),
+    # every sixteenth probing one core.
+    ways = run(160, 0.001, solo_s=0.0038, one_s=0.0049)
+    assert ways[:16] == [True, False] * 8 and ways[16:].count(False) == 9
+    assert choice.bands[0].samples == {True: 143, False: 17}
+    # 20 ms apart the other core sleeps: two cores slower (9 ms), learnt in that band alone.
+    ways = run(320, 0.020, solo_s=0.0090, one_s=0.0049)
+    assert ways[-160:].count(True) == 10
+    assert choice.bands[0].solo_faster() and not choice.bands[2].solo_faster()  # 6-25 ms
+    ways = run(16, 0.001, solo_s=0.0038, one_s=0.0049)
+    assert ways.count(True) == 15
+    # The machine changes: two cores win again after idling, once the probes have seen it.
+    ways = run(480, 0.020, solo_s=0.0038, one_s=0.0049)
+    assert ways[-160:].count(False) == 10
