@@ -82,9 +82,10 @@ class SemanticSettings(BaseModel):
     semantic cache throughput); under load from other processes the two were within noise."""
     solo_cores: int = Field(default=2, ge=1, le=16)
     """A job embedded while no other is in flight or waiting, and this many of the machine's
-    cores are free, runs its model call on that many cores (a second model session, ONNX only):
-    a lone request's 15-token question 3.7 instead of 4.9 ms, the same vector (BENCHMARKS.md).
-    1: every job on one core."""
+    cores are free, may run its model call on that many cores (a second model session sharing
+    the first's weights, ONNX only), where that has been measured faster (`gateway/cache/solo.py`):
+    the same vector, a lone lookup 1.1-1.6 ms sooner through HTTP (BENCHMARKS.md). 1: every job
+    on one core."""
     batch_max: int = Field(default=8, ge=1)
     """Most queued texts embedded together in one model call."""
     vector_memo: int = Field(default=4096, ge=0)
