@@ -75,7 +75,8 @@ def raw(calls: int, cores: int) -> None:
 async def through_worker(calls: int, cores: int) -> None:
     embedders = make_embedders("auto", 2)
     print(
-        "\n| pause between lookups | two threads p50 / p90 ms | with solo p50 / p90 ms | solo share |"
+        "\n| pause between lookups | two threads p50 / p90 ms | with solo p50 / p90 ms "
+        "| solo share |"
     )
     print("|---|---|---|---|")
     for pause in PAUSES_MS:

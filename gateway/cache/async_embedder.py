@@ -16,8 +16,8 @@ returns `More`: the same thread embeds them outside the lock and goes on.
 
 A job that finds no other in flight or waiting may run on `solo`: the same model spread over
 several cores (`OnnxEmbedder.on_cores`), the same vectors sooner, where `SoloChoice` finds the
-machine's cores free and has measured that way faster. That is a lone request's case; under load every
-job runs on one core.
+machine's cores free and has measured that way faster. That is a lone request's case; under
+load every job runs on one core.
 
 Vectors of recently embedded texts are kept (`memo` texts, LRU): a question asked again verbatim in
 another conversation, or looked up then stored, is embedded once. `warm` fills the memo ahead, on
