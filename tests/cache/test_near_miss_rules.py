@@ -1,6 +1,7 @@
 """The verifier's near-miss rules (`near_miss_rules.near_miss`): a question plus a modifier;
 another member of one kind (colour, season, sex, time of day, weekday, month, level,
-nationality, quantifier "all" / "most", a time relative to now "last year" / "this year", a
+nationality, instrument, way to travel, appliance, pet, programming language, operating system,
+quantifier "all" / "most", a time relative to now "last year" / "this year", a
 deadline against a start "by April 15" / "after April 15", during against after); two words
 exchanged (roles, from/to, a person and another: "I ... my boss" / "my boss ... me"); the same
 words with other operators, operators written on the other side (`i++` / `++i`) or grouped by
@@ -65,6 +66,13 @@ CONTRAST = [
     # a people, its language or its culture
     ("Who was the Roman goddess of wisdom?", "Which Greek goddess was associated with wisdom?"),
     ("Is Korean harder to learn than Japanese?", "How hard is Chinese to learn compared to Japanese?"),
+    # an instrument, a way to travel, an appliance, a pet, a programming language, an OS
+    ("How long does it take to learn the guitar?", "How long does it take to learn the cello?"),
+    ("How long is the drive from Denver to Boise?", "How long is the flight from Denver to Boise?"),
+    ("How long do leftovers keep in the fridge?", "How long do leftovers keep in the freezer?"),
+    ("How often should I bathe my dog?", "How often should I bathe my cat?"),
+    ("How do I read a CSV file in Python?", "How do I read a CSV file in Java?"),
+    ("How do I take a screenshot on Windows?", "How do I take a screenshot on a Mac?"),
 ]  # fmt: skip
 TENSE = [
     ("Did the council approve the new bike lanes?", "Will the council approve the new bike lanes?"),
@@ -224,6 +232,12 @@ SAME = [
     # statements add an apposition and mean the same (PAWS-style sentences)
     ("The bridge was built in 1890 by engineers from Glasgow.",
      "The bridge was built in 1890 by engineers from Glasgow, Scotland."),
+    # members of one group: the same thing named otherwise
+    ("How long is the flight from Denver to Boise?", "How long does it take to fly Denver-Boise?"),
+    ("What temperature should my fridge be?", "Ideal refrigerator temperature?"),
+    ("How do I stop my kitten scratching the sofa?", "How do I stop my cat scratching the sofa?"),
+    ("How do I parse JSON in JS?", "How do I parse JSON in JavaScript?"),
+    ("How do I check disk space on Ubuntu?", "How do I check disk space on Linux?"),
 ]  # fmt: skip
 
 
