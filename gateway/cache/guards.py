@@ -246,6 +246,21 @@ def check(query: str, candidate: str, settings: GuardSettings) -> str | None:
     return None
 
 
+def each_alone(query: str, candidate: str) -> dict[str, bool]:
+    """Whether each guard alone (the others off) rejects `candidate`: what `check` says with one
+    guard on, by guard name ("numbers", "negation", "entities", "entity_order"), the texts read
+    once (the verifier's features, for every pair it judges)."""
+    q, c = _analyse(query), _analyse(candidate)
+    return {
+        # alone, the number guard does not excuse numbers in another order (that takes
+        # entity_order)
+        "numbers": q.numbers != c.numbers,
+        "negation": q.negated != c.negated,
+        "entities": _entity_check(q, c, True, False) is not None,
+        "entity_order": _entity_check(q, c, False, True) is not None,
+    }
+
+
 def _numbers_symmetric(q: _Features, c: _Features) -> bool:
     def joined_by_coordinators(f: _Features) -> bool:
         gaps = [f.lower[a:b] for a, b in zip(f.number_pos, f.number_pos[1:], strict=False)]

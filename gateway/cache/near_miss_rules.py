@@ -362,16 +362,18 @@ _FUTURE = frozenset(["will", "gonna"])
 _WITH_TENSE = _PAST | _FUTURE | {"be", "been", "have"}
 
 
-def _tense_words(t: _Text) -> tuple[set[str], list[str]]:
-    tenses = {"past" if w in _PAST else "future" for w in t.words if w in _PAST or w in _FUTURE}
-    return tenses, [_stem(w).rstrip("e") for w in t.words if w not in _WITH_TENSE]
+def _tenses(t: _Text) -> set[str]:
+    return {"past" if w in _PAST else "future" for w in t.words if w in _PAST or w in _FUTURE}
+
+
+def _untensed(t: _Text) -> list[str]:
+    return [_stem(w).rstrip("e") for w in t.words if w not in _WITH_TENSE]
 
 
 def _tense_changed(q: _Text, c: _Text) -> bool:
     """True when the texts say the same words, one in the past and the other in the future."""
-    qt, qw = _tense_words(q)
-    ct, cw = _tense_words(c)
-    return len(qt) == len(ct) == 1 and qt != ct and qw == cw
+    qt, ct = _tenses(q), _tenses(c)
+    return len(qt) == len(ct) == 1 and qt != ct and _untensed(q) == _untensed(c)
 
 
 #: A data size or rate: "Mb" (bits) is not "MB" (bytes), a difference of case only, which the

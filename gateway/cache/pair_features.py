@@ -13,7 +13,6 @@ import re
 from functools import lru_cache
 
 from gateway.cache import guards
-from gateway.cache.semantic_settings import GuardSettings
 
 # Letters and digits of any script: a Chinese or Russian question must not look empty (and so
 # "identical" to any other) to the lexical features.
@@ -522,11 +521,6 @@ FEATURES = (
     "asks_match",
     "and_or_swap",
 )
-_OFF = GuardSettings(numbers=False, negation=False, entities=False, entity_order=False)
-_GUARD_ONLY = {
-    name: _OFF.model_copy(update={name: True})
-    for name in ("numbers", "negation", "entities", "entity_order")
-}
 
 
 #: Order features (quadratic) look at the first words only: a cached question is at most
@@ -534,6 +528,7 @@ _GUARD_ONLY = {
 _ORDER_WORDS = 64
 
 
+@lru_cache(maxsize=16384)  # ~25 calls a pair judged, on words a vocabulary bounds
 def _stem(word: str) -> str:
     for suffix in ("ing", "ed", "es", "s"):
         if len(word) > len(suffix) + 3 and word.endswith(suffix):
@@ -830,9 +825,7 @@ def features(query: str, candidate: str, cosine: float) -> list[float]:
         and q.direction[0] != q.direction[1]
     )
     order = _shared_order(q.words[:_ORDER_WORDS], c.words[:_ORDER_WORDS])
-    guard = {
-        name: guards.check(query, candidate, gs) is not None for name, gs in _GUARD_ONLY.items()
-    }
+    guard = guards.each_alone(query, candidate)
     return [
         cosine,
         word_j,

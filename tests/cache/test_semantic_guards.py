@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cache.guards import check
+from gateway.cache.guards import check, each_alone
 from gateway.cache.semantic_settings import GuardSettings
 
 ALL = GuardSettings()
@@ -53,6 +53,19 @@ def test_near_misses_are_rejected(query: str, candidate: str, guard: str) -> Non
 def test_paraphrases_pass(query: str, candidate: str) -> None:
     assert check(query, candidate, ALL) is None
     assert check(candidate, query, ALL) is None
+
+
+def test_each_guard_alone_as_check_says_with_that_guard_on() -> None:
+    # The verifier's features read all four in one pass (`each_alone`): the same answers.
+    off = GuardSettings(numbers=False, negation=False, entities=False, entity_order=False)
+    pairs = [(q, c) for q, c, _ in REJECTED] + ACCEPTED
+    pairs += [("Is 7 bigger than 9 or 3?", "Is 9 or 3 bigger than 7?"),
+              ("Flights from 3 to 5 pm", "Flights from 5 to 3 pm")]  # fmt: skip
+    for q, c in pairs + [(c, q) for q, c in pairs]:
+        alone = each_alone(q, c)
+        assert list(alone) == ["numbers", "negation", "entities", "entity_order"]
+        for name, rejects in alone.items():
+            assert rejects == (check(q, c, off.model_copy(update={name: True})) is not None)
 
 
 def test_each_guard_can_be_switched_off() -> None:
