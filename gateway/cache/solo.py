@@ -16,7 +16,8 @@ found alone (no other thread busy, no job waiting), the choice is measured:
   few bands: a core's sleep depends on it), on `cores` cores and on one (moving averages); in
   each band the two ways take turns for the first sixteen lone calls, then the faster one runs,
   one lone call in `probe_every` the other way to keep both figures current (the cost of a
-  probe that loses: one call in sixteen).
+  probe that loses: one call in sixteen), one in four while the two are within a tenth of each
+  other (noise in the side only probes update then misleads for fewer calls).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from typing import NamedTuple
 
 #: One lone call in this many runs the other way (a probe).
 PROBE_EVERY = 16
+#: ... every this many while the two averages are within `CLOSE` of each other.
+PROBE_CLOSE = 4
+CLOSE = 0.1
 #: Weight of a new sample in the moving averages.
 ALPHA = 0.1
 #: Samples of each way in a band before its averages decide (the two ways in turn until then).
@@ -83,6 +87,10 @@ class _Band:
     def solo_faster(self) -> bool:
         return self.per_char[True] < self.per_char[False]
 
+    def close(self) -> bool:
+        a, b = self.per_char[True], self.per_char[False]
+        return abs(a - b) < CLOSE * max(a, b)
+
 
 class SoloChoice:
     """Decides, call by call, whether a lone job's model call runs on `cores` cores; told how
@@ -122,7 +130,10 @@ class SoloChoice:
         band.lone += 1
         if min(band.samples.values()) < MIN_SAMPLES:  # learning: the two ways in turn
             return Lone(band.lone % 2 == 1, index)
-        probe = band.lone % self.probe_every == 0
+        # Averages within a tenth of each other: probe every fourth call, so that noise in one
+        # of them (the side that only probes update) does not keep the slower way for long.
+        every = PROBE_CLOSE if band.close() else self.probe_every
+        probe = band.lone % every == 0
         return Lone(band.solo_faster() != probe, index)
 
     def record(self, lone: Lone | None, seconds: float, chars: int) -> None:

@@ -224,3 +224,19 @@ def test_the_faster_way_per_idle_band_one_lone_call_in_sixteen_probing_the_other
     # The machine changes: two cores win again after idling, once the probes have seen it.
     ways = run(480, 0.020, solo_s=0.0038, one_s=0.0049)
     assert ways[-160:].count(False) == 10
+
+
+def test_while_the_two_ways_are_close_one_call_in_four_probes() -> None:
+    clock = _Clock()
+    choice = SoloChoice(2, machine_cores=2, runnable=_Machine(1), clock=clock)
+    choice.record(None, 0.005, 60)
+    ways = []
+    for _ in range(16 + 64):  # learning, then 64 calls: solo 5% faster
+        clock.now += 0.001
+        lone = choice.pick()
+        assert lone is not None
+        ways.append(lone.solo)
+        seconds = 0.0047 if lone.solo else 0.0049
+        clock.now += seconds
+        choice.record(lone, seconds, 60)
+    assert choice.bands[0].close() and ways[16:].count(False) == 16
