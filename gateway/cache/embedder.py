@@ -163,9 +163,10 @@ class OnnxEmbedder:
     def on_cores(self, cores: int) -> OnnxEmbedder:
         """The same model and tokenizers with a session of its own that spreads each model call
         over `cores` threads: for a text embedded while nothing else is (a lone request), whose
-        vector it computes bit for bit as this one does (tested), in less time (a 15-token
-        question 3.6 ms instead of 4.6 on two cores, BENCHMARKS.md). Two calls at once on it
-        would fight for the cores (a third fewer texts a second than two one-core sessions)."""
+        vector it computes bit for bit as this one does (tested), in less time while the cores
+        are awake (an ~18-token question 4.3 ms instead of 5.8 on two cores, BENCHMARKS.md).
+        Two calls at once on it fight for the cores (280 short texts/s against 424 for two calls
+        at once on one-core sessions, measured in a loop): it is for a lone call only."""
         other = copy.copy(self)
         other._session = _session(self._path, cores, self._weights)
         return other

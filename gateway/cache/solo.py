@@ -30,8 +30,9 @@ from typing import NamedTuple
 
 #: One lone call in this many runs the other way (a probe).
 PROBE_EVERY = 16
-#: ... every this many while the two averages are within `CLOSE` of each other.
+#: ... every this many while the two averages are close:
 PROBE_CLOSE = 4
+#: within this share of the larger one.
 CLOSE = 0.1
 #: Weight of a new sample in the moving averages.
 ALPHA = 0.1
