@@ -233,12 +233,8 @@ def _entity_check(q: _Features, c: _Features, presence: bool, order: bool) -> st
 def check(query: str, candidate: str, settings: GuardSettings) -> str | None:
     """Name of the first guard that rejects `candidate` as an answer to `query`, or None."""
     q, c = _analyse(query), _analyse(candidate)
-    if settings.numbers and q.numbers != c.numbers:
-        if Counter(q.numbers) != Counter(c.numbers):
-            return "number"
-        # same numbers in another order: "from 3 to 5" vs "from 5 to 3"
-        if not settings.entity_order or not _numbers_symmetric(q, c):
-            return "number"
+    if settings.numbers and _numbers_differ(q, c, settings.entity_order):
+        return "number"
     if settings.negation and q.negated != c.negated:
         return "negation"
     if settings.entities or settings.entity_order:
@@ -252,13 +248,22 @@ def each_alone(query: str, candidate: str) -> dict[str, bool]:
     once (the verifier's features, for every pair it judges)."""
     q, c = _analyse(query), _analyse(candidate)
     return {
-        # alone, the number guard does not excuse numbers in another order (that takes
-        # entity_order)
-        "numbers": q.numbers != c.numbers,
+        "numbers": _numbers_differ(q, c, symmetric_ok=False),
         "negation": q.negated != c.negated,
         "entities": _entity_check(q, c, True, False) is not None,
         "entity_order": _entity_check(q, c, False, True) is not None,
     }
+
+
+def _numbers_differ(q: _Features, c: _Features, symmetric_ok: bool) -> bool:
+    """Whether the texts name other numbers; the same ones in another order count as the same
+    only with `symmetric_ok` (the entity-order guard on) and joined by coordinators on both
+    sides ("3 or 5" / "5 or 3", not "from 3 to 5" / "from 5 to 3")."""
+    if q.numbers == c.numbers:
+        return False
+    if Counter(q.numbers) != Counter(c.numbers):
+        return True
+    return not symmetric_ok or not _numbers_symmetric(q, c)
 
 
 def _numbers_symmetric(q: _Features, c: _Features) -> bool:

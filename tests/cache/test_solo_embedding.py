@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from gateway.cache.async_embedder import AsyncEmbedder
 from gateway.cache.embedder import OnnxEmbedder, onnx_available, solo_embedder
 from gateway.cache.solo import Lone, Runnable, SoloChoice
 from tests.cache.test_shared_context import threads_idle
+from tests.support import FakeClock
 
 TEXTS = [
     "hi",
@@ -58,6 +61,9 @@ class _Recording:
     def count_tokens(self, text: str) -> int:
         return len(text.split())
 
+    def unknown_pieces(self, text: str) -> tuple[str, ...]:
+        return ()
+
     def on_cores(self, cores: int) -> _Recording:
         return _Recording(self.delay)
 
@@ -75,54 +81,50 @@ class _Machine:
         return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
 
 
-def _worker(machine: _Machine, delay: float = 0.0) -> tuple[AsyncEmbedder, _Recording, _Recording]:
+@contextmanager
+def _worker(
+    machine: _Machine, delay: float = 0.0
+) -> Iterator[tuple[AsyncEmbedder, _Recording, _Recording]]:
     one, solo = _Recording(delay), _Recording(delay)
-    w = AsyncEmbedder([one, one], batch_max=8, queue_max=64, memo=64, solo=solo)  # type: ignore[list-item]
+    w = AsyncEmbedder([one, one], batch_max=8, queue_max=64, memo=64, solo=solo)
     assert w.solo_choice is not None
     w.solo_choice.close()
     w.solo_choice = SoloChoice(2, machine_cores=2, runnable=machine)  # a 2-core machine
-    return w, one, solo
+    try:
+        yield w, one, solo
+    finally:
+        w.close()
 
 
 async def test_a_lone_job_on_an_idle_machine_runs_on_solo() -> None:
     machine = _Machine(1)  # this thread alone
-    w, one, solo = _worker(machine)
-    try:
+    with _worker(machine) as (w, one, solo):
         await w.embed(["a lone question"])
         assert solo.calls == [["a lone question"]] and one.calls == []
         assert w.solo_texts == 1 and w.embedded == 1
-    finally:
-        w.close()
 
 
 async def test_the_event_loop_still_running_is_looked_past_once() -> None:
     # The loop that queued the job is often still running at the first look: the thread gives
     # up the GIL and looks again.
     machine = _Machine(2, 1)
-    w, one, solo = _worker(machine)
-    try:
+    with _worker(machine) as (w, one, solo):
         await w.embed(["a lone question"])
         assert solo.calls == [["a lone question"]] and machine.looks == 2
-    finally:
-        w.close()
 
 
 @pytest.mark.parametrize("readings", [(2, 2), (3, 3), (None,)])
 async def test_another_busy_process_or_no_loadavg_keeps_one_core(
     readings: tuple[int | None, ...],
 ) -> None:
-    w, one, solo = _worker(_Machine(*readings))
-    try:
+    with _worker(_Machine(*readings)) as (w, one, solo):
         await w.embed(["a question"])
         assert one.calls == [["a question"]] and solo.calls == [] and w.solo_texts == 0
-    finally:
-        w.close()
 
 
 async def test_a_job_beside_another_runs_on_one_core() -> None:
     machine = _Machine(1)
-    w, one, solo = _worker(machine, delay=0.05)
-    try:
+    with _worker(machine, delay=0.05) as (w, one, solo):
         first = asyncio.create_task(w.embed(["first"]))
         for _ in range(500):  # until a thread has taken it
             if solo.calls or one.calls:
@@ -131,14 +133,11 @@ async def test_a_job_beside_another_runs_on_one_core() -> None:
         await w.embed(["second"])  # the other thread, while the first one's thread is busy
         await first
         assert solo.calls == [["first"]] and one.calls == [["second"]]
-    finally:
-        w.close()
 
 
 async def test_queued_jobs_and_warms_run_on_one_core() -> None:
     machine = _Machine(1)
-    w, one, solo = _worker(machine, delay=0.01)
-    try:
+    with _worker(machine, delay=0.01) as (w, one, solo):
         await asyncio.gather(*(w.embed([f"question {i}"]) for i in range(16)))
         # With jobs waiting, a thread's batch runs on one core: solo only where a job was
         # the last one left and the other thread idle.
@@ -148,8 +147,6 @@ async def test_queued_jobs_and_warms_run_on_one_core() -> None:
         done = w.warm(["clause one", "clause two"], min_idle=2)
         assert done is not None and await asyncio.to_thread(done.wait, 5)
         assert solo.calls == []  # nobody waits for a warm; a lookup may arrive beside it
-    finally:
-        w.close()
 
 
 def test_solo_only_for_a_model_that_spreads_and_a_machine_with_the_cores() -> None:
@@ -171,17 +168,9 @@ def test_a_thread_reads_the_machines_runnable_threads() -> None:
     assert r() is None  # closed: no reading, one core
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_several_cores_only_while_the_machines_cores_are_free() -> None:
     machine = _Machine(1)
-    choice = SoloChoice(2, machine_cores=2, runnable=machine, clock=_Clock())
+    choice = SoloChoice(2, machine_cores=2, runnable=machine, clock=FakeClock(100.0))
     assert choice.pick() == Lone(True, 4)  # no model call before: the longest idle band
     machine.readings = [2, 2]  # another thread stays runnable past the second look
     assert choice.pick() is None
@@ -195,18 +184,18 @@ def test_several_cores_only_while_the_machines_cores_are_free() -> None:
 
 
 def test_the_faster_way_per_idle_band_one_lone_call_in_sixteen_probing_the_other() -> None:
-    clock = _Clock()
+    clock = FakeClock(100.0)
     choice = SoloChoice(2, machine_cores=2, runnable=_Machine(1), clock=clock)
     choice.record(None, 0.005, 60)  # a call under load: no sample, but the embedder's last
 
     def run(calls: int, idle_s: float, solo_s: float, one_s: float) -> list[bool]:
         ways = []
         for _ in range(calls):
-            clock.now += idle_s
+            clock.t += idle_s
             lone = choice.pick()
             assert lone is not None
             ways.append(lone.solo)
-            clock.now += solo_s if lone.solo else one_s
+            clock.t += solo_s if lone.solo else one_s
             choice.record(lone, solo_s if lone.solo else one_s, 60)
         return ways
 
@@ -227,16 +216,16 @@ def test_the_faster_way_per_idle_band_one_lone_call_in_sixteen_probing_the_other
 
 
 def test_while_the_two_ways_are_close_one_call_in_four_probes() -> None:
-    clock = _Clock()
+    clock = FakeClock(100.0)
     choice = SoloChoice(2, machine_cores=2, runnable=_Machine(1), clock=clock)
     choice.record(None, 0.005, 60)
     ways = []
     for _ in range(16 + 64):  # learning, then 64 calls: solo 5% faster
-        clock.now += 0.001
+        clock.t += 0.001
         lone = choice.pick()
         assert lone is not None
         ways.append(lone.solo)
         seconds = 0.0047 if lone.solo else 0.0049
-        clock.now += seconds
+        clock.t += seconds
         choice.record(lone, seconds, 60)
     assert choice.bands[0].close() and ways[16:].count(False) == 16
