@@ -6,7 +6,9 @@ a `gateway serve` process with two aliases in front of it: `sem` (semantic cache
 off, vector memo off so every request really embeds its question) and `plain` (no cache). Then:
 
 - hits: the questions (~15 or ~30 tokens) are stored once, then `--clients` concurrent clients
-  ask them again for `--seconds` (each request embeds, searches and verifies): hits/s, p50, p99;
+  ask them again for `--seconds` (each request embeds, searches and verifies): hits/s, p50, p99,
+  and the gateway's CPU time per request (its `process_cpu_seconds_total` over the burst: what
+  a change to the work per request moves, steadier than hits/s on a shared machine);
 - one client: sequential hits (p50), and sequential new questions to `sem` and to `plain`
   interleaved, so "what a miss adds" is the difference of two medians taken side by side: new
   questions of one template ("Unrelated question <id> about topic <n>?": after the first, each
@@ -228,9 +230,13 @@ async def burst(
                 kinds[kind] = kinds.get(kind, 0) + 1
                 i += clients
 
+        # The gateway's CPU time per request: steadier than hits/s on a noisy machine, and
+        # what a change to the work per request moves (the scrapes cost ~1 ms each).
+        cpu0 = metric_sum(metrics_of(gw), "process_cpu_seconds_total")
         t0 = time.perf_counter()
         await asyncio.gather(*(client(k) for k in range(clients)))
         elapsed = time.perf_counter() - t0
+        cpu = metric_sum(metrics_of(gw), "process_cpu_seconds_total") - cpu0
     hits = kinds.get("hit-semantic", 0)
     extra = {}
     if para:
@@ -239,6 +245,7 @@ async def burst(
     return {
         **extra,
         "hits_per_s": hits / elapsed,
+        "cpu_ms_per_req": 1000 * cpu / max(1, len(lat)),
         "served_share": hits / max(1, len(lat)),
         "p50_ms": pct(lat, 0.5),
         "p99_ms": pct(lat, 0.99),
@@ -379,12 +386,15 @@ def main() -> None:
     ]  # fmt: skip
     print("\nGateway RSS after the rounds (MB, the highest seen): "
           + ", ".join(f"{c} {v:.0f}" for c, v in peak_rss.items()))  # fmt: skip
-    print("\n| workers x batch | questions | hits/s (16 clients) | p50 / p99 ms | one-client hit "
+    print("\n| workers x batch | questions | hits/s (16 clients) | p50 / p99 ms "
+          "| gateway CPU ms per request | one-client hit "
           "p50 ms | miss p50: semantic on / off ms | miss, new topic: on / off ms "
           "| streamed, new topic: first token on / off ms "
           "| miss in a new conversation: on / off ms | served |"
           + (" paraphrase hit p50 ms | paraphrases served |" if args.paraphrases else ""))  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.paraphrases else ""))
+    print(
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if args.paraphrases else "")
+    )
     for config, length, row in rows:
         para = (
             f" {row['para_hit_p50_ms']:.1f} | {row['para_served']:.0%} |"
@@ -393,7 +403,8 @@ def main() -> None:
         )
         print(
             f"| {config} | {length} | {row['hits_per_s']:.0f} | {row['p50_ms']:.1f} / "
-            f"{row['p99_ms']:.1f} | {row['one_hit_p50_ms']:.1f} | {row['miss_sem_p50_ms']:.1f} / "
+            f"{row['p99_ms']:.1f} | {row['cpu_ms_per_req']:.2f} | {row['one_hit_p50_ms']:.1f} | "
+            f"{row['miss_sem_p50_ms']:.1f} / "
             f"{row['miss_plain_p50_ms']:.1f} | {row['miss_topic_p50_ms']:.1f} / "
             f"{row['miss_topic_plain_p50_ms']:.1f} | {row['ttft_topic_p50_ms']:.1f} / "
             f"{row['ttft_topic_plain_p50_ms']:.1f} | {row['miss_conv_p50_ms']:.1f} / "

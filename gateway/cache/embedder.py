@@ -13,6 +13,7 @@ import copy
 import importlib.util
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -30,6 +31,13 @@ MODEL_ID_INT8 = "all-MiniLM-L6-v2/dyn-int8"
 DIM = 384
 #: Tokens the model sees; the rest of a longer text is cut off (same as sentence-transformers).
 MAX_TOKENS = 256
+#: ONNX Runtime fusions left out of the embedder's sessions. Its fused SkipLayerNormalization
+#: takes each row's mean and variance one element at a time (a scalar running update, 9% of a
+#: short question's time on an AVX2 machine); the Add and LayerNormalization it would replace
+#: are vectorised: an int8 embedding 12-14% sooner. The vectors move by float rounding, which
+#: the int8 activations' quantisation then amplifies: pair cosines 0.00045 apart on average,
+#: each as close to the fp32 model's as before (`python -m loadtests.embedder_variants`).
+UNFUSED = ["SkipLayerNormFusion"]
 
 
 class Embedder(Protocol):
@@ -195,9 +203,12 @@ class OnnxEmbedder:
         return tuple(text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets, strict=True) if i == unk)
 
 
-def _session(path: Path, threads: int, weights: dict[str, Any]) -> Any:
+def _session(
+    path: Path, threads: int, weights: dict[str, Any], unfused: Sequence[str] = UNFUSED
+) -> Any:
     """An ONNX Runtime session of the model at `path` computing on `threads` threads, its large
-    weights those of `weights` (shared, not copied: a second session +17 MB RSS instead of +62)."""
+    weights those of `weights` (shared, not copied: a second session +17 MB RSS instead of +62),
+    without the graph fusions named in `unfused`."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -212,7 +223,9 @@ def _session(path: Path, threads: int, weights: dict[str, Any]) -> Any:
         opts.add_session_config_entry("session.force_spinning_stop", "1")
     for name, (_array, value) in weights.items():
         opts.add_initializer(name, value)
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(path), opts, providers=["CPUExecutionProvider"], disabled_optimizers=list(unfused)
+    )
 
 
 def _ort_values(arrays: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, Any]]:
