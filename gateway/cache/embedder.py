@@ -33,11 +33,12 @@ DIM = 384
 MAX_TOKENS = 256
 #: ONNX Runtime fusions left out of the embedder's sessions. Its fused SkipLayerNormalization
 #: takes each row's mean and variance one element at a time (a scalar running update, 9% of a
-#: short question's time on an AVX2 machine); the Add and LayerNormalization it would replace
-#: are vectorised: an int8 embedding 12-14% sooner. The vectors move by float rounding, which
-#: the int8 activations' quantisation then amplifies: pair cosines 0.00045 apart on average,
-#: each as close to the fp32 model's as before (`python -m loadtests.embedder_variants`).
-UNFUSED = ["SkipLayerNormFusion"]
+#: question's time on an AVX2 machine); the Add and LayerNormalization it would replace are
+#: vectorised: an int8 embedding ~8% (12 tokens) to ~14% (30 tokens) sooner there. The vectors
+#: move by float rounding, which the int8 activations' quantisation amplifies: pair cosines
+#: 0.00054 apart on average over 1,000 PAWS dev pairs, each variant as close to the fp32
+#: model's as the other (`python -m loadtests.embedder_variants`, BENCHMARKS.md).
+UNFUSED: tuple[str, ...] = ("SkipLayerNormFusion",)
 
 
 class Embedder(Protocol):

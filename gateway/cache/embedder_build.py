@@ -5,9 +5,9 @@ MatMuls when it loads, so it runs at fp32 speed. Dynamic int8 quantisation (int8
 output channel, activations quantised per call) runs the 36 weight MatMuls as integer products:
 about half the time per query (2.6 against 5.1 ms for 12 tokens, one thread, on an AVX2
 machine), with pair cosines within 0.0069 of the packaged model's on average over 1,000 PAWS
-dev pairs (`python -m loadtests.embedder_variants`). The result is a deterministic function of the packaged model and
-the onnxruntime version, so it is built from installed packages (never downloaded) and cached on
-disk under a name carrying both.
+dev pairs (`python -m loadtests.embedder_variants`). The result is a deterministic function of
+the packaged model and the onnxruntime version, so it is built from installed packages (never
+downloaded) and cached on disk under a name carrying both.
 """
 
 from __future__ import annotations
