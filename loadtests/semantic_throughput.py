@@ -8,7 +8,7 @@ off, vector memo off so every request really embeds its question) and `plain` (n
 - hits: the questions (~15 or ~30 tokens) are stored once, then `--clients` concurrent clients
   ask them again for `--seconds` (each request embeds, searches and verifies): hits/s, p50, p99,
   and the gateway's CPU time per request (its `process_cpu_seconds_total` over the burst: what
-  a change to the work per request moves, steadier than hits/s on a shared machine);
+  a change to the work per request moves; times hits/s, the cores the gateway kept busy);
 - one client: sequential hits (p50), and sequential new questions to `sem` and to `plain`
   interleaved, so "what a miss adds" is the difference of two medians taken side by side: new
   questions of one template ("Unrelated question <id> about topic <n>?": after the first, each
@@ -230,8 +230,8 @@ async def burst(
                 kinds[kind] = kinds.get(kind, 0) + 1
                 i += clients
 
-        # The gateway's CPU time per request: steadier than hits/s on a noisy machine, and
-        # what a change to the work per request moves (the scrapes cost ~1 ms each).
+        # The gateway's CPU time per request: what a change to the work per request moves
+        # (the two scrapes cost ~1 ms each).
         cpu0 = metric_sum(metrics_of(gw), "process_cpu_seconds_total")
         t0 = time.perf_counter()
         await asyncio.gather(*(client(k) for k in range(clients)))
