@@ -20,6 +20,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,10 @@ class Child:
         self.ready = ready
         self._urls: dict[str, str] = dict(ready.get("instances") or {})
         self._owner = os.getpid()  # a forked worker must not stop its parent's children
+        self.leftovers: list[Path] = []
+        """Folders written for this child (the demo's policy), removed when it is closed: also
+        on SIGTERM, after which the process ends by the signal without running `serve`'s own
+        clean-up."""
 
     @property
     def names(self) -> list[str]:
@@ -62,8 +67,13 @@ class Child:
         return list(self._urls.values())
 
     def close(self) -> None:
-        """Close its stdin (it exits on EOF), then SIGTERM and SIGKILL if it lingers."""
-        if os.getpid() != self._owner or self.proc.poll() is not None:
+        """Close its stdin (it exits on EOF), then SIGTERM and SIGKILL if it lingers; remove its
+        `leftovers`."""
+        if os.getpid() != self._owner:
+            return
+        while self.leftovers:
+            shutil.rmtree(self.leftovers.pop(), ignore_errors=True)
+        if self.proc.poll() is not None:
             return
         if self.proc.stdin is not None:
             with contextlib.suppress(OSError):

@@ -58,6 +58,7 @@ def start_demo() -> tuple[Child, Path]:
     for name, var in ENV_NAMES.items():
         text = text.replace("${" + var + "}", fleet.url(name))
     folder = Path(tempfile.mkdtemp(prefix="gateway-demo-"))
+    fleet.leftovers.append(folder)
     path = folder / "demo-policy.yaml"
     path.write_text(text)
     os.environ.setdefault("GATEWAY_DEMO", "1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,6 +68,10 @@ def test_demo_answers_and_stops_its_simulator(sig: signal.Signals) -> None:
         proc.send_signal(sig)
         out = proc.communicate(timeout=30)[0].decode()
     assert _gone(sims[0]), f"the simulator outlived the gateway:\n{out}"
+    # The demo's policy file was written into a folder of its own: gone with the gateway.
+    written = re.search(r"SIMULATED providers \((.+?)\)", out)
+    assert written, out
+    assert not Path(written[1]).parent.exists(), f"{written[1]} left behind"
     assert "Fatal Python error" not in out and "Traceback" not in out, out
 
 
