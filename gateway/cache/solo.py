@@ -88,7 +88,8 @@ class _Band:
     def solo_faster(self) -> bool:
         return self.per_char[True] < self.per_char[False]
 
-    def close(self) -> bool:
+    def near(self) -> bool:
+        """The two ways' averages within `CLOSE` of each other."""
         a, b = self.per_char[True], self.per_char[False]
         return abs(a - b) < CLOSE * max(a, b)
 
@@ -133,7 +134,7 @@ class SoloChoice:
             return Lone(band.lone % 2 == 1, index)
         # Averages within a tenth of each other: probe every fourth call, so that noise in one
         # of them (the side that only probes update) does not keep the slower way for long.
-        every = PROBE_CLOSE if band.close() else self.probe_every
+        every = PROBE_CLOSE if band.near() else self.probe_every
         probe = band.lone % every == 0
         return Lone(band.solo_faster() != probe, index)
 

@@ -228,4 +228,4 @@ def test_while_the_two_ways_are_close_one_call_in_four_probes() -> None:
         seconds = 0.0047 if lone.solo else 0.0049
         clock.t += seconds
         choice.record(lone, seconds, 60)
-    assert choice.bands[0].close() and ways[16:].count(False) == 16
+    assert choice.bands[0].near() and ways[16:].count(False) == 16
